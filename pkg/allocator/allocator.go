@@ -1,0 +1,79 @@
+// Package allocator chooses cards for a pod's containers on one node. It is
+// the single placement routine behind the scheduler plugin's Filter, Score and
+// Reserve and the trace simulator, so what Filter admits is exactly what
+// Reserve places. It is pure Go, deterministic, and does not allocate on the
+// feasibility path.
+package allocator
+
+import (
+	"strings"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// Policy decides which cards a container gets among those that fit.
+type Policy uint8
+
+const (
+	// Binpack picks the tightest fit: the card left with the least free.
+	Binpack Policy = iota
+	// Spread picks the least used card.
+	Spread
+)
+
+// Usage is an amount of memory and compute on one card.
+type Usage struct {
+	MemoryMiB int64
+	Cores     int64
+}
+
+func (u Usage) add(o Usage) Usage { return Usage{u.MemoryMiB + o.MemoryMiB, u.Cores + o.Cores} }
+func (u Usage) sub(o Usage) Usage { return Usage{u.MemoryMiB - o.MemoryMiB, u.Cores - o.Cores} }
+func (u Usage) covers(o Usage) bool {
+	return u.MemoryMiB >= o.MemoryMiB && u.Cores >= o.Cores
+}
+
+// Card is one card as the allocator sees it.
+type Card struct {
+	Index      int
+	UUID       string
+	Model      string
+	ModelLower string
+	UUIDLower  string
+	Capacity   Usage
+	Healthy    bool
+}
+
+// NewCards converts an inventory's cards.
+func NewCards(inv *gpuinfo.Inventory) []Card {
+	cards := make([]Card, len(inv.Cards))
+	for i, c := range inv.Cards {
+		cards[i] = Card{
+			Index:      c.Index,
+			UUID:       c.UUID,
+			Model:      c.Model,
+			ModelLower: strings.ToLower(c.Model),
+			UUIDLower:  strings.ToLower(c.UUID),
+			Capacity:   Usage{MemoryMiB: c.MemoryMiB, Cores: c.Cores},
+			Healthy:    c.Healthy,
+		}
+	}
+	return cards
+}
+
+// need returns what a container takes from a card: an exclusive container
+// takes all of it.
+func need(c *gpuinfo.ContainerRequest, card *Card) Usage {
+	if c.Exclusive() {
+		return card.Capacity
+	}
+	return Usage{MemoryMiB: max(c.MemoryOn(card.Capacity.MemoryMiB), 1), Cores: c.Cores}
+}
+
+// entryCharge returns what an assignment entry holds on a card.
+func entryCharge(e *gpuinfo.CardAssignment, card *Card) Usage {
+	if e.Cores >= gpuinfo.FullCores {
+		return card.Capacity
+	}
+	return Usage{MemoryMiB: e.MemoryMiB, Cores: e.Cores}
+}

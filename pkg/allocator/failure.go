@@ -1,0 +1,89 @@
+package allocator
+
+import (
+	"strconv"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// FailureKind says why a pod does not fit on a node.
+type FailureKind uint8
+
+const (
+	// NoMatchingCard: no card of the node matches the pod's selectors.
+	NoMatchingCard FailureKind = iota + 1
+	// NoHealthyCard: cards match, but none of them is healthy.
+	NoHealthyCard
+	// NoCapacity: no card has room for a single-card container.
+	NoCapacity
+	// TooFewCards: a multi-card container found fewer cards with room than it needs.
+	TooFewCards
+)
+
+// Failure details why a pod does not fit.
+type Failure struct {
+	Kind FailureKind
+	// Container is the container that did not fit (NoCapacity, TooFewCards).
+	Container *gpuinfo.ContainerRequest
+	// Fit is how many cards the container did get.
+	Fit int
+	// MostFree is the most memory and compute any remaining eligible card
+	// had free for the container.
+	MostFree Usage
+}
+
+// Message describes the failure for an operator, e.g.
+// "no GPU has 8192 MiB free (most free: 6144 MiB)". selector describes the
+// pod's selector for NoMatchingCard.
+func (f *Failure) Message(selector string) string {
+	switch f.Kind {
+	case NoMatchingCard:
+		if selector == "" {
+			return "node has no GPUs"
+		}
+		return "no GPU matches " + selector
+	case NoHealthyCard:
+		return "no healthy GPU"
+	case TooFewCards:
+		if f.Fit > 0 {
+			b := strconv.AppendInt([]byte("needs "), int64(f.Container.Count), 10)
+			b = append(b, " GPUs, "...)
+			b = strconv.AppendInt(b, int64(f.Fit), 10)
+			return string(append(b, " fit"...))
+		}
+	}
+	c := f.Container
+	if c == nil {
+		return "no GPU fits"
+	}
+	var b []byte
+	switch {
+	case c.Exclusive():
+		return "no GPU is entirely free"
+	case c.MemoryMiB == 0:
+		pct := c.MemoryPercent
+		if pct == 0 {
+			pct = 100
+		}
+		b = strconv.AppendInt([]byte("no GPU has "), pct, 10)
+		b = append(b, "% of its memory and "...)
+		b = strconv.AppendInt(b, c.Cores, 10)
+		return string(append(b, "% compute free"...))
+	case f.MostFree.MemoryMiB < c.MemoryMiB:
+		b = strconv.AppendInt([]byte("no GPU has "), c.MemoryMiB, 10)
+		b = append(b, " MiB free (most free: "...)
+		b = strconv.AppendInt(b, f.MostFree.MemoryMiB, 10)
+		b = append(b, " MiB)"...)
+	case f.MostFree.Cores < c.Cores:
+		b = strconv.AppendInt([]byte("no GPU has "), c.Cores, 10)
+		b = append(b, "% compute free (most free: "...)
+		b = strconv.AppendInt(b, f.MostFree.Cores, 10)
+		b = append(b, "%)"...)
+	default:
+		b = strconv.AppendInt([]byte("no GPU has both "), c.MemoryMiB, 10)
+		b = append(b, " MiB and "...)
+		b = strconv.AppendInt(b, c.Cores, 10)
+		b = append(b, "% compute free"...)
+	}
+	return string(b)
+}

@@ -1,0 +1,207 @@
+package allocator
+
+import (
+	"sync"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// Delta is a change to one card's usage that is not in the ledger yet, such
+// as a nominated pod or a preemption victim during a dry run.
+type Delta struct {
+	UUID  string
+	Usage Usage
+}
+
+// Outcome is the result of placing a pod on a node.
+type Outcome struct {
+	// Fits reports whether every container got its cards.
+	Fits bool
+	// Failure says why not, when Fits is false.
+	Failure Failure
+	// UsedPermille is the node's usage after the placement, memory and
+	// compute averaged, in per mille of its capacity.
+	UsedPermille int64
+}
+
+// scratch is Place's working memory, pooled so Place does not allocate.
+type scratch struct {
+	free     [gpuinfo.MaxCardsPerNode]Usage
+	charge   [gpuinfo.MaxCardsPerNode]Usage
+	base     [gpuinfo.MaxCardsPerNode]Usage
+	eligible [gpuinfo.MaxCardsPerNode]bool
+	taken    [gpuinfo.MaxCardsPerNode]bool
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// Place chooses cards on one node for every container of req. used is the
+// ledger's usage of each card (parallel to cards) and deltas adjust it. When
+// out is not nil and the pod fits, the chosen cards are added to it.
+//
+// Containers are placed in start order. A regular init container may reuse
+// what the pod holds for containers that are not running at the same time;
+// sidecars and app containers add up. Multi-card containers get distinct
+// cards.
+func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, policy Policy, out *gpuinfo.Assignment) Outcome {
+	s := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(s)
+	n := len(cards)
+	matching, eligible := 0, 0
+	for i := range cards {
+		c := &cards[i]
+		s.free[i] = c.Capacity.sub(used[i])
+		s.charge[i], s.base[i] = Usage{}, Usage{}
+		s.eligible[i] = false
+		if req.Selector.Matches(c.ModelLower, c.UUIDLower) {
+			matching++
+			if c.Healthy {
+				s.eligible[i] = true
+				eligible++
+			}
+		}
+	}
+	for _, d := range deltas {
+		if i := position(cards, d.UUID); i >= 0 {
+			s.free[i] = s.free[i].sub(d.Usage)
+		}
+	}
+	switch {
+	case matching == 0:
+		return Outcome{Failure: Failure{Kind: NoMatchingCard}}
+	case eligible == 0:
+		return Outcome{Failure: Failure{Kind: NoHealthyCard}}
+	}
+	for ci := range req.Containers {
+		c := &req.Containers[ci]
+		if f, ok := s.placeContainer(cards[:n], c, policy, out); !ok {
+			f.Container = c
+			return Outcome{Failure: f}
+		}
+	}
+	return Outcome{Fits: true, UsedPermille: s.usedPermille(cards)}
+}
+
+// placeContainer places one container, updating free, charge and base.
+func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, policy Policy, out *gpuinfo.Assignment) (Failure, bool) {
+	for i := range cards {
+		s.taken[i] = false
+	}
+	for k := 0; k < c.Count; k++ {
+		best, bestReuse, bestKey := -1, false, int64(0)
+		for i := range cards {
+			if !s.eligible[i] || s.taken[i] {
+				continue
+			}
+			card := &cards[i]
+			nd := need(c, card)
+			avail := s.free[i].add(s.charge[i]).sub(s.base[i])
+			if !avail.covers(nd) {
+				continue
+			}
+			reuse := s.charge[i].sub(s.base[i]).covers(nd)
+			key := leftoverPermille(avail.sub(nd), card.Capacity)
+			if policy == Binpack {
+				key = -key
+			}
+			if best < 0 || (reuse && !bestReuse) || (reuse == bestReuse && key > bestKey) {
+				best, bestReuse, bestKey = i, reuse, key
+			}
+		}
+		if best < 0 {
+			return s.failure(cards, c, k), false
+		}
+		s.taken[best] = true
+		card := &cards[best]
+		nd := need(c, card)
+		s.commit(best, c.Kind, nd)
+		if out != nil {
+			out.Containers[c.Name] = append(out.Containers[c.Name], gpuinfo.CardAssignment{
+				Index: card.Index, UUID: card.UUID, MemoryMiB: c.MemoryOn(card.Capacity.MemoryMiB), Cores: c.Cores,
+			})
+		}
+	}
+	return Failure{}, true
+}
+
+// commit records that a container of kind uses nd on card i: the pod's charge
+// on the card becomes the larger of what it held and what runs together now.
+func (s *scratch) commit(i int, kind gpuinfo.ContainerKind, nd Usage) {
+	phase := s.base[i].add(nd)
+	grown := Usage{MemoryMiB: max(phase.MemoryMiB, s.charge[i].MemoryMiB), Cores: max(phase.Cores, s.charge[i].Cores)}
+	s.free[i] = s.free[i].sub(grown.sub(s.charge[i]))
+	s.charge[i] = grown
+	if kind != gpuinfo.InitContainer {
+		s.base[i] = phase
+	}
+}
+
+// failure describes why container c could not get its (k+1)-th card.
+func (s *scratch) failure(cards []Card, c *gpuinfo.ContainerRequest, k int) Failure {
+	f := Failure{Kind: NoCapacity, Fit: k}
+	for i := range cards {
+		if !s.eligible[i] || s.taken[i] {
+			continue
+		}
+		avail := s.free[i].add(s.charge[i]).sub(s.base[i])
+		f.MostFree.MemoryMiB = max(f.MostFree.MemoryMiB, avail.MemoryMiB)
+		f.MostFree.Cores = max(f.MostFree.Cores, avail.Cores)
+	}
+	if c.Count > 1 {
+		f.Kind = TooFewCards
+	}
+	return f
+}
+
+func (s *scratch) usedPermille(cards []Card) int64 {
+	var capMem, capCores, freeMem, freeCores int64
+	for i := range cards {
+		capMem += cards[i].Capacity.MemoryMiB
+		capCores += cards[i].Capacity.Cores
+		freeMem += max(s.free[i].MemoryMiB, 0)
+		freeCores += max(s.free[i].Cores, 0)
+	}
+	if capMem == 0 || capCores == 0 {
+		return 0
+	}
+	return ((capMem-freeMem)*1000/capMem + (capCores-freeCores)*1000/capCores) / 2
+}
+
+// leftoverPermille is what stays free on a card, memory and compute summed,
+// each in per mille of the card's capacity.
+func leftoverPermille(left, capacity Usage) int64 {
+	return left.MemoryMiB*1000/capacity.MemoryMiB + left.Cores*1000/max(capacity.Cores, 1)
+}
+
+func position(cards []Card, uuid string) int {
+	for i := range cards {
+		if cards[i].UUID == uuid {
+			return i
+		}
+	}
+	return -1
+}
+
+// Charge returns what a placed pod holds on each card (parallel to cards),
+// from its assignment and its containers' start order. It is the same
+// accounting Place uses, so a ledger rebuilt from annotations equals the one
+// built by placing. Entries for cards the node no longer reports hold nothing.
+func Charge(cards []Card, order []gpuinfo.NamedContainer, a *gpuinfo.Assignment) []Usage {
+	charge := make([]Usage, len(cards))
+	base := make([]Usage, len(cards))
+	for _, nc := range order {
+		entries := a.Containers[nc.Name]
+		for ei := range entries {
+			i := position(cards, entries[ei].UUID)
+			if i < 0 {
+				continue
+			}
+			phase := base[i].add(entryCharge(&entries[ei], &cards[i]))
+			charge[i] = Usage{MemoryMiB: max(phase.MemoryMiB, charge[i].MemoryMiB), Cores: max(phase.Cores, charge[i].Cores)}
+			if nc.Kind != gpuinfo.InitContainer {
+				base[i] = phase
+			}
+		}
+	}
+	return charge
+}

@@ -1,0 +1,41 @@
+// Package gpuinfo is Tessera's contract: the resource names a pod uses to ask
+// for GPU shares, the annotations the node agent and the scheduler write, and
+// the decoders and validators for all of them. It is pure Go and makes no API
+// calls; docs/contract.md is its user-facing reference.
+package gpuinfo
+
+const (
+	// Domain is the prefix of every Tessera resource name and annotation.
+	Domain = "tessera.io"
+
+	// InventoryAnnotation is the node annotation holding the node's cards,
+	// written by the node agent.
+	InventoryAnnotation = Domain + "/gpu-inventory"
+	// AssignmentAnnotation is the pod annotation holding the cards chosen for
+	// each container, written by the scheduler at bind time.
+	AssignmentAnnotation = Domain + "/gpu-assignment"
+
+	// ModelAnnotation restricts a pod to cards whose model contains one of the
+	// comma-separated values (case-insensitive).
+	ModelAnnotation = Domain + "/gpu-model"
+	// ModelExcludeAnnotation excludes cards whose model contains one of the
+	// comma-separated values (case-insensitive).
+	ModelExcludeAnnotation = Domain + "/gpu-model-exclude"
+	// UUIDAnnotation restricts a pod to the listed card UUIDs.
+	UUIDAnnotation = Domain + "/gpu-uuid"
+	// UUIDExcludeAnnotation excludes the listed card UUIDs.
+	UUIDExcludeAnnotation = Domain + "/gpu-uuid-exclude"
+
+	// FullCores is the compute share of a whole card, in percent. A container
+	// asking for FullCores holds its cards exclusively.
+	FullCores = 100
+	// MaxCardsPerNode bounds the cards one node may report and one container
+	// may ask for.
+	MaxCardsPerNode = 64
+	// MaxCardMemoryMiB bounds the memory one card may report or one container
+	// may ask for on one card (1 TiB).
+	MaxCardMemoryMiB = 1 << 20
+	// MaxAnnotationBytes bounds the size of an inventory or assignment
+	// annotation that is decoded at all.
+	MaxAnnotationBytes = 64 << 10
+)

@@ -1,0 +1,185 @@
+// Package ledger keeps Tessera's per-card account of GPU memory and compute
+// for every node: capacity from the nodes' inventories, usage from the pods
+// placed on them (bound pods from their assignment annotations, assumed pods
+// from the scheduler's Reserve). It is safe for concurrent use: placement
+// queries take a read lock and do not allocate.
+package ledger
+
+import (
+	"errors"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// ErrNoInventory is the state of a node that reports no GPU inventory.
+var ErrNoInventory = errors.New("GPU inventory missing")
+
+// Ledger is the cluster's per-card account.
+type Ledger struct {
+	mu    sync.RWMutex
+	nodes map[string]*node
+	pods  map[types.UID]*pod
+}
+
+type node struct {
+	raw       string
+	cards     []allocator.Card
+	used      []allocator.Usage
+	err       error
+	pods      map[types.UID]struct{}
+	hasReport bool
+}
+
+type pod struct {
+	node       string
+	order      []gpuinfo.NamedContainer
+	assignment *gpuinfo.Assignment
+	assumed    bool
+	charge     []allocator.Usage // parallel to the node's cards when charged
+}
+
+// New returns an empty ledger.
+func New() *Ledger {
+	return &Ledger{nodes: map[string]*node{}, pods: map[types.UID]*pod{}}
+}
+
+func (l *Ledger) nodeLocked(name string) *node {
+	n := l.nodes[name]
+	if n == nil {
+		n = &node{err: ErrNoInventory, pods: map[types.UID]struct{}{}}
+		l.nodes[name] = n
+	}
+	return n
+}
+
+// SetInventory records a node's inventory annotation (present reports whether
+// the node has one). It returns whether the stored state changed and the
+// decoding error, if any; a node with an invalid inventory offers no GPUs.
+// Usage is recomputed from the node's pods, so a shrinking inventory frees
+// nothing twice and never leaves a charge on a card that is gone.
+func (l *Ledger) SetInventory(name, raw string, present bool) (changed bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.nodeLocked(name)
+	if n.hasReport == present && n.raw == raw {
+		return false, n.errIfInvalid()
+	}
+	n.raw, n.hasReport = raw, present
+	n.cards, n.err = nil, ErrNoInventory
+	if present {
+		inv, derr := gpuinfo.DecodeInventory(raw)
+		if derr != nil {
+			n.err = derr
+		} else {
+			n.cards, n.err = allocator.NewCards(inv), nil
+		}
+	}
+	l.rechargeLocked(n)
+	return true, n.errIfInvalid()
+}
+
+func (n *node) errIfInvalid() error {
+	if n.err == ErrNoInventory {
+		return nil
+	}
+	return n.err
+}
+
+// DeleteNode forgets a node's inventory. Pods still recorded on it keep their
+// entries until they are removed.
+func (l *Ledger) DeleteNode(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.nodes[name]
+	if n == nil {
+		return
+	}
+	if len(n.pods) == 0 {
+		delete(l.nodes, name)
+		return
+	}
+	n.raw, n.hasReport, n.cards, n.err = "", false, nil, ErrNoInventory
+	l.rechargeLocked(n)
+}
+
+// rechargeLocked recomputes a node's usage from its pods.
+func (l *Ledger) rechargeLocked(n *node) {
+	n.used = make([]allocator.Usage, len(n.cards))
+	for uid := range n.pods {
+		p := l.pods[uid]
+		p.charge = allocator.Charge(n.cards, p.order, p.assignment)
+		addUsage(n.used, p.charge, 1)
+	}
+}
+
+func addUsage(dst, src []allocator.Usage, sign int64) {
+	for i := range src {
+		dst[i].MemoryMiB += sign * src[i].MemoryMiB
+		dst[i].Cores += sign * src[i].Cores
+	}
+}
+
+// AddPod records a pod's cards on a node: a bound pod from its assignment
+// annotation, or an assumed one from Reserve. It replaces any earlier record
+// of the same pod.
+func (l *Ledger) AddPod(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, a *gpuinfo.Assignment, assumed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.removePodLocked(uid)
+	l.addPodLocked(uid, &pod{node: nodeName, order: order, assignment: a, assumed: assumed})
+}
+
+func (l *Ledger) addPodLocked(uid types.UID, p *pod) {
+	n := l.nodeLocked(p.node)
+	p.charge = allocator.Charge(n.cards, p.order, p.assignment)
+	addUsage(n.used, p.charge, 1)
+	n.pods[uid] = struct{}{}
+	l.pods[uid] = p
+}
+
+// RemovePod frees a pod's cards. It is a no-op for an unknown pod.
+func (l *Ledger) RemovePod(uid types.UID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.removePodLocked(uid)
+}
+
+// ForgetAssumed frees the cards of a pod assumed on nodeName, as Unreserve
+// must; a pod already confirmed bound, or recorded on another node, is kept.
+func (l *Ledger) ForgetAssumed(uid types.UID, nodeName string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p := l.pods[uid]; p != nil && p.assumed && p.node == nodeName {
+		l.removePodLocked(uid)
+	}
+}
+
+func (l *Ledger) removePodLocked(uid types.UID) {
+	p := l.pods[uid]
+	if p == nil {
+		return
+	}
+	delete(l.pods, uid)
+	n := l.nodes[p.node]
+	if n == nil {
+		return
+	}
+	if len(p.charge) == len(n.used) {
+		addUsage(n.used, p.charge, -1)
+	}
+	delete(n.pods, uid)
+	if len(n.pods) == 0 && !n.hasReport {
+		delete(l.nodes, p.node)
+	}
+}
+
+// Holds reports whether the ledger has cards recorded for the pod.
+func (l *Ledger) Holds(uid types.UID) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.pods[uid] != nil
+}

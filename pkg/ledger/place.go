@@ -1,0 +1,113 @@
+package ledger
+
+import (
+	"fmt"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// Fit places req on a node without recording anything: the answer to Filter
+// and Score. err is the node's inventory problem (ErrNoInventory or a
+// decoding error), in which case the outcome is empty.
+func (l *Ledger) Fit(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (allocator.Outcome, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil {
+		return allocator.Outcome{}, ErrNoInventory
+	}
+	if n.err != nil {
+		return allocator.Outcome{}, n.err
+	}
+	return allocator.Place(n.cards, n.used, deltas, req, policy, nil), nil
+}
+
+// Reserve places the pod on the node and records it as assumed. It returns
+// the assignment, or an error when the pod no longer fits.
+func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, policy allocator.Policy) (*gpuinfo.Assignment, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.removePodLocked(uid)
+	n := l.nodes[nodeName]
+	if n == nil || n.err != nil {
+		return nil, fmt.Errorf("node %s: %w", nodeName, ErrNoInventory)
+	}
+	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+	out := allocator.Place(n.cards, n.used, nil, req, policy, a)
+	if !out.Fits {
+		return nil, fmt.Errorf("%s", out.Failure.Message(req.Selector.String()))
+	}
+	l.addPodLocked(uid, &pod{node: nodeName, order: order, assignment: a, assumed: true})
+	return a, nil
+}
+
+// Simulate places req on the node as adjusted by deltas and returns the
+// deltas of that placement: what a nominated pod would hold. ok is false when
+// it does not fit.
+func (l *Ledger) Simulate(nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (added []allocator.Delta, ok bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil || n.err != nil {
+		return nil, false
+	}
+	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+	if out := allocator.Place(n.cards, n.used, deltas, req, policy, a); !out.Fits {
+		return nil, false
+	}
+	return toDeltas(n.cards, allocator.Charge(n.cards, order, a), 1), true
+}
+
+// PodDeltas returns what a recorded pod holds, as deltas with the given sign
+// (+1 to add, -1 to remove), or nil when the pod is not recorded on nodeName.
+func (l *Ledger) PodDeltas(uid types.UID, nodeName string, sign int64) []allocator.Delta {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	p := l.pods[uid]
+	n := l.nodes[nodeName]
+	if p == nil || n == nil || p.node != nodeName || len(p.charge) != len(n.cards) {
+		return nil
+	}
+	return toDeltas(n.cards, p.charge, sign)
+}
+
+func toDeltas(cards []allocator.Card, charge []allocator.Usage, sign int64) []allocator.Delta {
+	var d []allocator.Delta
+	for i, u := range charge {
+		if u != (allocator.Usage{}) {
+			d = append(d, allocator.Delta{UUID: cards[i].UUID, Usage: allocator.Usage{MemoryMiB: sign * u.MemoryMiB, Cores: sign * u.Cores}})
+		}
+	}
+	return d
+}
+
+// CardsHealthy reports whether every card of the assignment is still reported,
+// under the same UUID, and healthy on the node.
+func (l *Ledger) CardsHealthy(nodeName string, a *gpuinfo.Assignment) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil || n.err != nil {
+		return fmt.Errorf("node %s no longer reports a valid GPU inventory", nodeName)
+	}
+	for name, entries := range a.Containers {
+		for _, e := range entries {
+			i := -1
+			for j := range n.cards {
+				if n.cards[j].UUID == e.UUID {
+					i = j
+				}
+			}
+			if i < 0 || n.cards[i].Index != e.Index {
+				return fmt.Errorf("GPU %d (%s) chosen for container %q is no longer reported by node %s", e.Index, e.UUID, name, nodeName)
+			}
+			if !n.cards[i].Healthy {
+				return fmt.Errorf("GPU %d (%s) chosen for container %q became unhealthy on node %s", e.Index, e.UUID, name, nodeName)
+			}
+		}
+	}
+	return nil
+}
