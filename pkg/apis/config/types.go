@@ -1,0 +1,37 @@
+// Package config holds the internal types of Tessera's scheduler plugin
+// arguments, registered in kube-scheduler's configuration scheme.
+package config
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Policy names a placement policy.
+type Policy string
+
+const (
+	// PolicyBinpack packs work onto nodes and cards already in use.
+	PolicyBinpack Policy = "Binpack"
+	// PolicySpread prefers the least used nodes and cards.
+	PolicySpread Policy = "Spread"
+)
+
+// GPUShareArgs configures the GPUShare plugin.
+type GPUShareArgs struct {
+	metav1.TypeMeta
+
+	// NodePolicy ranks feasible nodes.
+	NodePolicy Policy
+	// GPUPolicy chooses cards on the chosen node.
+	GPUPolicy Policy
+	// ResourceNames are the container resource names pods ask with.
+	ResourceNames ResourceNames
+}
+
+// ResourceNames are the container resource names of a GPU request.
+type ResourceNames struct {
+	GPU           string
+	Memory        string
+	MemoryPercent string
+	Cores         string
+}

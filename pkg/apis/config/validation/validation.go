@@ -1,0 +1,49 @@
+// Package validation checks Tessera's plugin arguments.
+package validation
+
+import (
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
+
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+)
+
+var policies = []string{string(config.PolicyBinpack), string(config.PolicySpread)}
+
+// ValidateGPUShareArgs returns every problem of the args, with field paths
+// under path.
+func ValidateGPUShareArgs(path *field.Path, args *config.GPUShareArgs) error {
+	var errs field.ErrorList
+	for _, p := range []struct {
+		name  string
+		value config.Policy
+	}{{"nodePolicy", args.NodePolicy}, {"gpuPolicy", args.GPUPolicy}} {
+		if p.value != config.PolicyBinpack && p.value != config.PolicySpread {
+			errs = append(errs, field.NotSupported(path.Child(p.name), p.value, policies))
+		}
+	}
+	namesPath := path.Child("resourceNames")
+	seen := map[string]string{}
+	for _, n := range []struct {
+		field, value string
+	}{
+		{"gpu", args.ResourceNames.GPU},
+		{"memory", args.ResourceNames.Memory},
+		{"memoryPercent", args.ResourceNames.MemoryPercent},
+		{"cores", args.ResourceNames.Cores},
+	} {
+		p := namesPath.Child(n.field)
+		switch {
+		case n.value == "":
+			errs = append(errs, field.Required(p, "a resource name"))
+		case !v1helper.IsExtendedResourceName(v1.ResourceName(n.value)):
+			errs = append(errs, field.Invalid(p, n.value, "must be a domain-prefixed extended resource name, e.g. tessera.io/gpu"))
+		case seen[n.value] != "":
+			errs = append(errs, field.Duplicate(p, n.value))
+		}
+		seen[n.value] = n.field
+	}
+	return errs.ToAggregate()
+}
+

@@ -1,0 +1,70 @@
+package gpushare
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// EventsToRegister names the events that can make room for a GPU pod the
+// plugin rejected: a pod holding GPUs going away (deleted, finished, or
+// un-assumed after a failed bind), and a node whose inventory appears or
+// changes. Each comes with a hint that skips events that cannot help.
+func (p *Plugin) EventsToRegister(_ context.Context) ([]fwk.ClusterEventWithHint, error) {
+	return []fwk.ClusterEventWithHint{
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: p.isSchedulableAfterPodDeleted},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: p.isSchedulableAfterNodeChange},
+	}, nil
+}
+
+// isSchedulableAfterPodDeleted queues the pod when the deleted pod held cards.
+func (p *Plugin) isSchedulableAfterPodDeleted(logger klog.Logger, pod *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
+	deleted, ok := oldObj.(*v1.Pod)
+	if !ok {
+		return fwk.Queue, nil
+	}
+	if _, held := deleted.Annotations[gpuinfo.AssignmentAnnotation]; held || p.requestsGPU(deleted) {
+		logger.V(5).Info("A pod holding GPUs went away", "pod", klog.KObj(pod), "deletedPod", klog.KObj(deleted))
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
+}
+
+// isSchedulableAfterNodeChange queues the pod when a node's inventory
+// appears or changes.
+func (p *Plugin) isSchedulableAfterNodeChange(logger klog.Logger, pod *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
+	node, ok := newObj.(*v1.Node)
+	if !ok {
+		return fwk.Queue, nil
+	}
+	raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
+	if !present {
+		return fwk.QueueSkip, nil
+	}
+	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[gpuinfo.InventoryAnnotation] == raw {
+		return fwk.QueueSkip, nil
+	}
+	logger.V(5).Info("A node's GPU inventory appeared or changed", "pod", klog.KObj(pod), "node", klog.KObj(node))
+	return fwk.Queue, nil
+}
+
+// requestsGPU reports whether any container names one of the GPU resources.
+func (p *Plugin) requestsGPU(pod *v1.Pod) bool {
+	check := func(cs []v1.Container) bool {
+		for i := range cs {
+			for _, rl := range []v1.ResourceList{cs[i].Resources.Limits, cs[i].Resources.Requests} {
+				for _, n := range []v1.ResourceName{p.names.GPU, p.names.Memory, p.names.MemoryPercent, p.names.Cores} {
+					if _, ok := rl[n]; ok {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	return check(pod.Spec.InitContainers) || check(pod.Spec.Containers)
+}

@@ -1,0 +1,143 @@
+package gpushare
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/ledger"
+)
+
+// Event reasons the plugin records for operators.
+const (
+	eventInvalidInventory  = "InvalidGPUInventory"
+	eventInvalidAssignment = "InvalidGPUAssignment"
+)
+
+// feed is a ledger and the informer handlers that keep it current. All
+// profiles of one scheduler share one feed, so a card reserved by one profile
+// is taken for every other.
+type feed struct {
+	ledger   *ledger.Ledger
+	recorder events.EventRecorder
+	logger   klog.Logger
+	// handlers are the informer registrations; synced is set once they have
+	// all delivered their initial lists.
+	handlers []cache.ResourceEventHandlerRegistration
+	synced   atomic.Bool
+}
+
+var (
+	feedsMu sync.Mutex
+	feeds   = map[informers.SharedInformerFactory]*feed{}
+)
+
+// feedFor returns the feed of the handle's informer factory, creating it and
+// registering its handlers on first use.
+func feedFor(ctx context.Context, h fwk.Handle) (*feed, error) {
+	feedsMu.Lock()
+	defer feedsMu.Unlock()
+	factory := h.SharedInformerFactory()
+	if f := feeds[factory]; f != nil {
+		return f, nil
+	}
+	f := &feed{ledger: ledger.New(), recorder: h.EventRecorder(), logger: klog.FromContext(ctx).WithName(Name)}
+	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    f.onNode,
+		UpdateFunc: func(_, obj any) { f.onNode(obj) },
+		DeleteFunc: f.onNodeDelete,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
+	}
+	pods, err := factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    f.onPod,
+		UpdateFunc: func(_, obj any) { f.onPod(obj) },
+		DeleteFunc: f.onPodDelete,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
+	}
+	f.handlers = []cache.ResourceEventHandlerRegistration{nodes, pods}
+	feeds[factory] = f
+	return f, nil
+}
+
+func (f *feed) onNode(obj any) {
+	n, ok := obj.(*v1.Node)
+	if !ok {
+		return
+	}
+	raw, present := n.Annotations[gpuinfo.InventoryAnnotation]
+	changed, err := f.ledger.SetInventory(n.Name, raw, present)
+	if !changed {
+		return
+	}
+	if err != nil {
+		f.logger.Error(err, "Node's GPU inventory is invalid; its GPUs are not used", "node", klog.KObj(n))
+		f.event(n, eventInvalidInventory, "Node's GPU inventory is invalid; its GPUs are not used: %v", err)
+		return
+	}
+	f.logger.V(4).Info("Node's GPU inventory recorded", "node", klog.KObj(n), "present", present)
+}
+
+func (f *feed) onNodeDelete(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if n, ok := obj.(*v1.Node); ok {
+		f.ledger.DeleteNode(n.Name)
+	}
+}
+
+// onPod records a bound pod's cards from its assignment annotation and frees
+// them once the pod has finished. Pods not bound yet are left alone: an
+// assumed pod's cards stay reserved until it is bound or Unreserve runs.
+func (f *feed) onPod(obj any) {
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		return
+	}
+	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
+		f.ledger.RemovePod(pod.UID)
+		return
+	}
+	raw, ok := pod.Annotations[gpuinfo.AssignmentAnnotation]
+	if !ok || pod.Spec.NodeName == "" {
+		return
+	}
+	a, err := gpuinfo.DecodeAssignment(raw)
+	if err != nil {
+		if !f.ledger.Holds(pod.UID) {
+			f.logger.Error(err, "Pod's GPU assignment is invalid; its cards are not accounted", "pod", klog.KObj(pod), "node", pod.Spec.NodeName)
+			f.event(pod, eventInvalidAssignment, "Pod's GPU assignment is invalid; its cards are not accounted: %v", err)
+		}
+		return
+	}
+	f.ledger.AddPod(pod.UID, pod.Spec.NodeName, gpuinfo.ContainerOrder(pod), a, false)
+}
+
+func (f *feed) onPodDelete(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if pod, ok := obj.(*v1.Pod); ok {
+		f.ledger.RemovePod(pod.UID)
+	}
+}
+
+func (f *feed) event(obj runtime.Object, reason, format string, args ...any) {
+	if f.recorder != nil {
+		f.recorder.Eventf(obj, nil, v1.EventTypeWarning, reason, "Scheduling", format, args...)
+	}
+}

@@ -1,0 +1,45 @@
+package gpushare
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+)
+
+const (
+	// reasonNoInventory is the Filter reason for a node without an inventory.
+	reasonNoInventory = "GPU inventory missing or invalid"
+	// reasonNoState is returned when Filter runs without PreFilter's state.
+	reasonNoState = "GPU request was not parsed in PreFilter"
+)
+
+// Filter admits the node when its healthy, selector-matching cards can hold
+// every container at once. It returns every feasible node; the framework and
+// Score pick among them. It does not allocate when the node fits.
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	s := getState(state)
+	if s == nil {
+		return fwk.NewStatus(fwk.Error, reasonNoState)
+	}
+	name := nodeInfo.Node().Name
+	out, err := p.ledger.Fit(name, s.req, s.deltas[name], p.gpuPolicy)
+	switch {
+	case err != nil:
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
+	case out.Fits:
+		return nil
+	}
+	return fwk.NewStatus(failureCode(out.Failure.Kind), out.Failure.Message(s.selector))
+}
+
+// failureCode tells the framework whether preempting pods could help:
+// capacity shortfalls can be, a missing card or selector mismatch cannot.
+func failureCode(k allocator.FailureKind) fwk.Code {
+	if k == allocator.NoCapacity || k == allocator.TooFewCards {
+		return fwk.Unschedulable
+	}
+	return fwk.UnschedulableAndUnresolvable
+}

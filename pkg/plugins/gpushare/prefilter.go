@@ -1,0 +1,99 @@
+package gpushare
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// PreFilter parses the pod's GPU request once. Pods without one skip the
+// plugin; an invalid one is unschedulable with the validation message.
+func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	req, err := gpuinfo.ParsePodRequest(pod, p.names)
+	if err != nil {
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, "invalid GPU request: "+err.Error())
+	}
+	if req == nil {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if !p.waitForLedger(ctx) {
+		return nil, fwk.NewStatus(fwk.Error, "GPU ledger has not finished loading nodes and pods")
+	}
+	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: req.Selector.String()})
+	return nil, nil
+}
+
+// waitForLedger blocks until the ledger's informer handlers have seen every
+// existing node and pod, so the first pods are not placed on a partial ledger.
+func (p *Plugin) waitForLedger(ctx context.Context) bool {
+	if p.synced.Load() {
+		return true
+	}
+	syncs := make([]cache.InformerSynced, len(p.handlers))
+	for i, h := range p.handlers {
+		syncs[i] = h.HasSynced
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
+		return false
+	}
+	p.synced.Store(true)
+	return true
+}
+
+// PreFilterExtensions returns the plugin itself: it adjusts per-card usage
+// for nominated pods and preemption victims.
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
+
+// AddPod accounts for a pod the framework adds to a node hypothetically: a
+// pod the ledger knows (a preemption victim being reprieved) with its own
+// cards, a nominated pod with the cards it would get.
+func (p *Plugin) AddPod(ctx context.Context, state fwk.CycleState, _ *v1.Pod, podInfoToAdd fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
+	s := getState(state)
+	added := podInfoToAdd.GetPod()
+	nodeName := nodeInfo.Node().Name
+	if s == nil {
+		return nil
+	}
+	if d := p.ledger.PodDeltas(added.UID, nodeName, 1); d != nil {
+		s.addDeltas(nodeName, d)
+		return nil
+	}
+	req, err := gpuinfo.ParsePodRequest(added, p.names)
+	if err != nil || req == nil {
+		return nil
+	}
+	d, ok := p.ledger.Simulate(nodeName, gpuinfo.ContainerOrder(added), req, s.deltas[nodeName], p.gpuPolicy)
+	if !ok {
+		klog.FromContext(ctx).V(4).Info("Nominated pod does not fit its node's GPUs", "pod", klog.KObj(added), "node", nodeName)
+		return nil
+	}
+	s.addDeltas(nodeName, d)
+	return nil
+}
+
+// RemovePod frees, hypothetically, the cards of a pod on the node.
+func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *v1.Pod, podInfoToRemove fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
+	s := getState(state)
+	if s == nil {
+		return nil
+	}
+	nodeName := nodeInfo.Node().Name
+	s.addDeltas(nodeName, p.ledger.PodDeltas(podInfoToRemove.GetPod().UID, nodeName, -1))
+	return nil
+}
+
+func (s *cycleState) addDeltas(nodeName string, d []allocator.Delta) {
+	if len(d) == 0 {
+		return
+	}
+	if s.deltas == nil {
+		s.deltas = map[string][]allocator.Delta{}
+	}
+	s.deltas[nodeName] = append(s.deltas[nodeName], d...)
+}

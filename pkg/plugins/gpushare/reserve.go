@@ -1,0 +1,36 @@
+package gpushare
+
+import (
+	"context"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+)
+
+// Reserve chooses the pod's cards on the node and records them in the ledger
+// as assumed, so the next pods see them taken before the pod is bound.
+func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
+	s := getState(state)
+	if s == nil {
+		return nil
+	}
+	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, p.gpuPolicy)
+	if err != nil {
+		return fwk.NewStatus(fwk.Unschedulable, err.Error())
+	}
+	s.assignment = a
+	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", a.Containers)
+	return nil
+}
+
+// Unreserve returns exactly the cards Reserve took, unless the pod has been
+// confirmed bound meanwhile.
+func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
+	s := getState(state)
+	if s == nil {
+		return
+	}
+	p.ledger.ForgetAssumed(pod.UID, nodeName)
+	s.assignment = nil
+}

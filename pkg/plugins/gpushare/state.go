@@ -1,0 +1,45 @@
+package gpushare
+
+import (
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// stateKey is where PreFilter leaves the pod's parsed request.
+const stateKey fwk.StateKey = Name
+
+// cycleState is the plugin's per-cycle data: the pod's request, parsed once,
+// adjustments made by AddPod/RemovePod for nominated pods and preemption dry
+// runs, and the assignment chosen in Reserve.
+type cycleState struct {
+	req      *gpuinfo.PodRequest
+	order    []gpuinfo.NamedContainer
+	selector string
+	// deltas adjusts the ledger per node; nil unless AddPod/RemovePod ran.
+	deltas     map[string][]allocator.Delta
+	assignment *gpuinfo.Assignment
+}
+
+// Clone copies the per-node adjustments; the request is shared, read-only.
+func (s *cycleState) Clone() fwk.StateData {
+	c := *s
+	if s.deltas != nil {
+		c.deltas = make(map[string][]allocator.Delta, len(s.deltas))
+		for node, d := range s.deltas {
+			c.deltas[node] = append([]allocator.Delta(nil), d...)
+		}
+	}
+	return &c
+}
+
+// getState returns the pod's state, or nil when the pod asks for no GPUs.
+func getState(state fwk.CycleState) *cycleState {
+	v, err := state.Read(stateKey)
+	if err != nil {
+		return nil
+	}
+	s, _ := v.(*cycleState)
+	return s
+}
