@@ -45,8 +45,8 @@ var policies = map[config.Policy]allocator.Policy{
 
 // Plugin is the GPUShare plugin. One instance serves one scheduler profile.
 type Plugin struct {
-	handle     fwk.Handle
-	client     kubernetes.Interface
+	handle fwk.Handle
+	client kubernetes.Interface
 	*feed
 	names      gpuinfo.ResourceNames
 	nodePolicy allocator.Policy

@@ -46,4 +46,3 @@ func ValidateGPUShareArgs(path *field.Path, args *config.GPUShareArgs) error {
 	}
 	return errs.ToAggregate()
 }
-
