@@ -3,6 +3,7 @@ package gpuinfo
 import (
 	"encoding/json"
 	"fmt"
+	"sort"
 )
 
 // AssignmentVersion is the version of the assignment format this package
@@ -61,7 +62,13 @@ func (a *Assignment) Validate() error {
 	if len(a.Containers) == 0 {
 		return fmt.Errorf("%s: containers: must name at least one container", AssignmentAnnotation)
 	}
-	for name, cards := range a.Containers {
+	names := make([]string, 0, len(a.Containers))
+	for name := range a.Containers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		cards := a.Containers[name]
 		field := func(i int, f string) string {
 			return fmt.Sprintf("%s: containers[%q][%d].%s", AssignmentAnnotation, name, i, f)
 		}

@@ -1,0 +1,53 @@
+// Package testutil builds GPU inventories, nodes and pods for Tessera's tests.
+package testutil
+
+import (
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+	st "k8s.io/kubernetes/pkg/scheduler/testing"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// Inventory returns a healthy inventory of n identical cards whose UUIDs
+// start with prefix.
+func Inventory(prefix, model string, memoryMiB int64, n int) *gpuinfo.Inventory {
+	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion}
+	for i := 0; i < n; i++ {
+		inv.Cards = append(inv.Cards, gpuinfo.Card{
+			Index: i, UUID: fmt.Sprintf("GPU-%s-%d", prefix, i), Model: model,
+			MemoryMiB: memoryMiB, Cores: gpuinfo.FullCores, NUMANode: i * 2 / max(n, 1), Healthy: true,
+		})
+	}
+	return inv
+}
+
+// MustEncode returns the annotation value of an inventory.
+func MustEncode(inv *gpuinfo.Inventory) string {
+	raw, err := inv.Encode()
+	if err != nil {
+		panic(err)
+	}
+	return raw
+}
+
+// GPUNode returns a node with ample CPU and memory and the inventory annotation.
+func GPUNode(name string, inv *gpuinfo.Inventory) *v1.Node {
+	return st.MakeNode().Name(name).
+		Capacity(map[v1.ResourceName]string{v1.ResourceCPU: "64", v1.ResourceMemory: "512Gi", v1.ResourcePods: "110"}).
+		Annotation(gpuinfo.InventoryAnnotation, MustEncode(inv)).Obj()
+}
+
+// Share returns container limits asking for memoryMiB and cores on one card.
+func Share(memoryMiB, cores int64) map[v1.ResourceName]string {
+	return map[v1.ResourceName]string{
+		"tessera.io/gpu-memory": fmt.Sprint(memoryMiB),
+		"tessera.io/gpu-cores":  fmt.Sprint(cores),
+	}
+}
+
+// Cards returns container limits asking for n whole cards.
+func Cards(n int) map[v1.ResourceName]string {
+	return map[v1.ResourceName]string{"tessera.io/gpu": fmt.Sprint(n)}
+}

@@ -1,0 +1,99 @@
+package gpuinfo_test
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// FuzzDecodeInventory checks that any input decodes or fails cleanly, and that
+// whatever decodes survives a round trip unchanged.
+func FuzzDecodeInventory(f *testing.F) {
+	f.Add(testutil.MustEncode(testutil.Inventory("n", "NVIDIA A100-SXM4-80GB", 81920, 8)))
+	f.Add(`{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-1,"cores":100}]}`)
+	f.Add(`{"version":1,"cards":null}`)
+	f.Add(`null`)
+	f.Fuzz(func(t *testing.T, raw string) {
+		inv, err := gpuinfo.DecodeInventory(raw)
+		if err != nil {
+			return
+		}
+		again, err := inv.Encode()
+		if err != nil {
+			t.Fatalf("decoded inventory does not encode: %v", err)
+		}
+		back, err := gpuinfo.DecodeInventory(again)
+		if err != nil {
+			t.Fatalf("re-encoded inventory does not decode: %v", err)
+		}
+		if diff := cmp.Diff(inv, back); diff != "" {
+			t.Fatalf("round trip (-want,+got):\n%s", diff)
+		}
+	})
+}
+
+// FuzzDecodeAssignment is FuzzDecodeInventory for assignments.
+func FuzzDecodeAssignment(f *testing.F) {
+	f.Add(`{"version":1,"containers":{"main":[{"index":0,"uuid":"GPU-0","memoryMiB":4096,"cores":30}]}}`)
+	f.Add(`{"version":1,"containers":{"":[{"index":0,"uuid":"a","memoryMiB":1}]}}`)
+	f.Add(`{"version":1,"containers":{"c":[{"index":70,"uuid":"a","memoryMiB":1}]}}`)
+	f.Fuzz(func(t *testing.T, raw string) {
+		a, err := gpuinfo.DecodeAssignment(raw)
+		if err != nil {
+			return
+		}
+		again, err := a.Encode()
+		if err != nil {
+			t.Fatalf("decoded assignment does not encode: %v", err)
+		}
+		back, err := gpuinfo.DecodeAssignment(again)
+		if err != nil {
+			t.Fatalf("re-encoded assignment does not decode: %v", err)
+		}
+		if diff := cmp.Diff(a, back); diff != "" {
+			t.Fatalf("round trip (-want,+got):\n%s", diff)
+		}
+	})
+}
+
+// FuzzParsePodRequest feeds arbitrary quantities and selector annotations to
+// the request parser: it must return a valid request or an error, never panic.
+func FuzzParsePodRequest(f *testing.F) {
+	f.Add("1", "4096", "", "30", "A100")
+	f.Add("0", "", "50", "", "")
+	f.Add("-1", "1e30", "101", "-5", ",,,")
+	f.Fuzz(func(t *testing.T, gpu, mem, pct, cores, model string) {
+		limits := v1.ResourceList{}
+		names := gpuinfo.DefaultResourceNames()
+		for name, value := range map[v1.ResourceName]string{names.GPU: gpu, names.Memory: mem, names.MemoryPercent: pct, names.Cores: cores} {
+			if value == "" {
+				continue
+			}
+			q, err := resource.ParseQuantity(value)
+			if err != nil {
+				return
+			}
+			limits[name] = q
+		}
+		pod := &v1.Pod{Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Resources: v1.ResourceRequirements{Limits: limits}}}}}
+		if model != "" {
+			pod.Annotations = map[string]string{gpuinfo.ModelAnnotation: model}
+		}
+		req, err := gpuinfo.ParsePodRequest(pod, names)
+		if err != nil || req == nil {
+			return
+		}
+		for _, c := range req.Containers {
+			if c.Count < 1 || c.Count > gpuinfo.MaxCardsPerNode || c.Cores < 0 || c.Cores > 100 ||
+				c.MemoryMiB < 0 || c.MemoryMiB > gpuinfo.MaxCardMemoryMiB || c.MemoryPercent < 0 || c.MemoryPercent > 100 ||
+				(c.MemoryMiB > 0 && c.MemoryPercent > 0) {
+				t.Fatalf("parser accepted an invalid request: %+v", c)
+			}
+		}
+	})
+}

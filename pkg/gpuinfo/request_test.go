@@ -1,0 +1,192 @@
+package gpuinfo_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	st "k8s.io/kubernetes/pkg/scheduler/testing"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+func TestParsePodRequest(t *testing.T) {
+	tessera := gpuinfo.DefaultResourceNames()
+	tests := []struct {
+		name    string
+		pod     *v1.Pod
+		names   gpuinfo.ResourceNames
+		want    *gpuinfo.PodRequest
+		wantErr string
+	}{
+		{
+			name: "no GPU request",
+			pod:  st.MakePod().Name("p").Lim(map[v1.ResourceName]string{v1.ResourceCPU: "1"}).Obj(),
+			want: nil,
+		},
+		{
+			name: "memory and cores on one card",
+			pod:  st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096", "tessera.io/gpu-cores": "30"}).Obj(),
+			want: &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 4096, Cores: 30}}},
+		},
+		{
+			name: "requests accepted without limits",
+			pod:  st.MakePod().Name("p").Req(map[v1.ResourceName]string{"tessera.io/gpu-memory-percent": "25"}).Obj(),
+			want: &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryPercent: 25}}},
+		},
+		{
+			name: "only a card count is whole exclusive cards",
+			pod:  st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "4"}).Obj(),
+			want: &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 4, Cores: 100}}},
+		},
+		{
+			name: "init, sidecar and app containers keep their kinds and order",
+			pod: st.MakePod().Name("p").
+				InitReq(map[v1.ResourceName]string{"tessera.io/gpu-memory": "1000"}).
+				SidecarReq(map[v1.ResourceName]string{"tessera.io/gpu-memory": "2000"}).
+				Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "3000"}).Obj(),
+			want: &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{
+				{Name: "init-con0", Kind: gpuinfo.InitContainer, Count: 1, MemoryMiB: 1000},
+				{Name: "sidecar-con1", Kind: gpuinfo.SidecarContainer, Count: 1, MemoryMiB: 2000},
+				{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 3000},
+			}},
+		},
+		{
+			name: "HAMi names",
+			pod:  st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "50"}).Obj(),
+			names: gpuinfo.HAMiResourceNames(),
+			want:  &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 2, MemoryMiB: 8000, Cores: 50}}},
+		},
+		{
+			name: "selectors are parsed and lower-cased",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
+				Annotation(gpuinfo.ModelAnnotation, "A100, H100").Annotation(gpuinfo.UUIDExcludeAnnotation, "GPU-X").Obj(),
+			want: &gpuinfo.PodRequest{
+				Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, Cores: 100}},
+				Selector:   gpuinfo.Selector{Models: []string{"a100", "h100"}, ExcludeUUIDs: []string{"gpu-x"}},
+			},
+		},
+		{
+			name:    "memory and percent together",
+			pod:     st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "1", "tessera.io/gpu-memory-percent": "10"}).Obj(),
+			wantErr: `container "con0": resource tessera.io/gpu-memory-percent: cannot be combined with tessera.io/gpu-memory`,
+		},
+		{
+			name:    "cores above 100",
+			pod:     st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-cores": "101"}).Obj(),
+			wantErr: `container "con0": resource tessera.io/gpu-cores: must be a whole percentage from 0 to 100, got 101`,
+		},
+		{
+			name:    "memory larger than any card",
+			pod:     st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "2000000"}).Obj(),
+			wantErr: `container "con0": resource tessera.io/gpu-memory: 2000000 MiB is more than any card has`,
+		},
+		{
+			name:    "zero cards",
+			pod:     st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "0"}).Obj(),
+			wantErr: `container "con0": resource tessera.io/gpu: must be a whole number of cards, at least 1, got 0`,
+		},
+		{
+			name:    "negative cards",
+			pod:     st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "-2"}).Obj(),
+			wantErr: `resource tessera.io/gpu: must be a whole number of cards, at least 1, got -2`,
+		},
+		{
+			name:    "fractional cards",
+			pod:     st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "500m"}).Obj(),
+			wantErr: `got 500m`,
+		},
+		{
+			name:    "percent out of range",
+			pod:     st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory-percent": "0"}).Obj(),
+			wantErr: `resource tessera.io/gpu-memory-percent: must be a whole percentage from 1 to 100, got 0`,
+		},
+		{
+			name: "empty selector annotation",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
+				Annotation(gpuinfo.ModelAnnotation, " , ").Obj(),
+			wantErr: `annotation tessera.io/gpu-model: must list at least one value`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			names := tc.names
+			if names == (gpuinfo.ResourceNames{}) {
+				names = tessera
+			}
+			got, err := gpuinfo.ParsePodRequest(tc.pod, names)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("request (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestMemoryOn(t *testing.T) {
+	tests := []struct {
+		name string
+		req  gpuinfo.ContainerRequest
+		want int64
+	}{
+		{"fixed", gpuinfo.ContainerRequest{MemoryMiB: 4096}, 4096},
+		{"percent", gpuinfo.ContainerRequest{MemoryPercent: 25}, 20480},
+		{"whole card", gpuinfo.ContainerRequest{Cores: 100}, 81920},
+		{"cores only takes the whole memory", gpuinfo.ContainerRequest{Cores: 30}, 81920},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.req.MemoryOn(81920); got != tc.want {
+				t.Errorf("MemoryOn(81920) = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSelectorMatches(t *testing.T) {
+	sel, err := gpuinfo.ParseSelector(map[string]string{
+		gpuinfo.ModelAnnotation:        "a100",
+		gpuinfo.ModelExcludeAnnotation: "40GB",
+		gpuinfo.UUIDExcludeAnnotation:  "GPU-bad",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		model, uuid string
+		want        bool
+	}{
+		{"nvidia a100-sxm4-80gb", "gpu-1", true},
+		{"nvidia a100-sxm4-40gb", "gpu-2", false},
+		{"nvidia h100", "gpu-3", false},
+		{"nvidia a100-sxm4-80gb", "gpu-bad", false},
+	}
+	for _, tc := range tests {
+		if got := sel.Matches(tc.model, tc.uuid); got != tc.want {
+			t.Errorf("Matches(%q, %q) = %v, want %v", tc.model, tc.uuid, got, tc.want)
+		}
+	}
+	if got, want := sel.String(), "model a100, model not 40gb, UUID not gpu-bad"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+}
+
+func TestResourceNamesValidate(t *testing.T) {
+	if err := gpuinfo.DefaultResourceNames().Validate(); err != nil {
+		t.Errorf("default names: %v", err)
+	}
+	n := gpuinfo.DefaultResourceNames()
+	n.Cores = n.GPU
+	if err := n.Validate(); err == nil || !strings.Contains(err.Error(), "cores") {
+		t.Errorf("duplicate names: error = %v, want one naming cores", err)
+	}
+}

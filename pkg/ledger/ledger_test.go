@@ -1,0 +1,233 @@
+package ledger_test
+
+import (
+	"fmt"
+	"math/rand"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/ledger"
+)
+
+// placed is what the test knows of a pod in the ledger.
+type placed struct {
+	node       string
+	order      []gpuinfo.NamedContainer
+	assignment *gpuinfo.Assignment
+}
+
+func randomRequest(r *rand.Rand) *gpuinfo.PodRequest {
+	var req gpuinfo.PodRequest
+	kinds := []gpuinfo.ContainerKind{gpuinfo.AppContainer, gpuinfo.AppContainer, gpuinfo.InitContainer, gpuinfo.SidecarContainer}
+	for i, n := 0, 1+r.Intn(3); i < n; i++ {
+		c := gpuinfo.ContainerRequest{Name: fmt.Sprintf("c%d", i), Kind: kinds[r.Intn(len(kinds))], Count: 1 + r.Intn(3)}
+		switch r.Intn(4) {
+		case 0:
+			c.Cores = 100
+		case 1:
+			c.MemoryPercent, c.Cores = 1+int64(r.Intn(60)), int64(r.Intn(60))
+		default:
+			c.MemoryMiB, c.Cores = 1+int64(r.Intn(20000)), int64(r.Intn(60))
+		}
+		req.Containers = append(req.Containers, c)
+	}
+	if r.Intn(5) == 0 {
+		req.Selector.ExcludeUUIDs = []string{fmt.Sprintf("gpu-n%d-%d", r.Intn(4), r.Intn(8))}
+	}
+	return &req
+}
+
+func orderOf(req *gpuinfo.PodRequest) []gpuinfo.NamedContainer {
+	var o []gpuinfo.NamedContainer
+	for _, c := range req.Containers {
+		o = append(o, gpuinfo.NamedContainer{Name: c.Name, Kind: c.Kind})
+	}
+	return o
+}
+
+func randomInventory(r *rand.Rand, node int) string {
+	inv := testutil.Inventory(fmt.Sprintf("n%d", node), "NVIDIA A100", 40960, 8)
+	// Cards go missing and turn unhealthy, as after hot-unplug or an XID.
+	var kept []gpuinfo.Card
+	for _, c := range inv.Cards {
+		if r.Intn(6) == 0 {
+			continue
+		}
+		c.Healthy = r.Intn(5) != 0
+		kept = append(kept, c)
+	}
+	inv.Cards = kept
+	return testutil.MustEncode(inv)
+}
+
+func checkNoOvercommit(t *testing.T, step int, l *ledger.Ledger) {
+	t.Helper()
+	for node, cards := range l.Snapshot() {
+		for _, c := range cards {
+			if c.Used.MemoryMiB > c.Capacity.MemoryMiB || c.Used.Cores > c.Capacity.Cores || c.Used.MemoryMiB < 0 || c.Used.Cores < 0 {
+				t.Fatalf("step %d: node %s card %d holds %+v of %+v", step, node, c.Index, c.Used, c.Capacity)
+			}
+		}
+	}
+}
+
+// TestLedgerProperties runs thousands of random Reserve, Unreserve, bind,
+// delete, node-add and inventory-change steps and checks after each that no
+// card holds more than it has, and at the end of every sequence that a ledger
+// rebuilt from the nodes' inventories and the pods' assignments alone equals
+// the live one.
+func TestLedgerProperties(t *testing.T) {
+	for seed := int64(1); seed <= 40; seed++ {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			r := rand.New(rand.NewSource(seed))
+			l := ledger.New()
+			inventories := map[string]string{}
+			pods := map[types.UID]placed{}
+			assumed := map[types.UID]bool{}
+			var uids []types.UID
+			setNode := func(i int) {
+				name := fmt.Sprintf("node-%d", i)
+				inventories[name] = randomInventory(r, i)
+				if _, err := l.SetInventory(name, inventories[name], true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			setNode(0)
+			for step := 0; step < 150; step++ {
+				switch op := r.Intn(10); {
+				case op < 5: // Reserve on a random node.
+					uid := types.UID(fmt.Sprintf("pod-%d", step))
+					node := fmt.Sprintf("node-%d", r.Intn(4))
+					req := randomRequest(r)
+					policy := allocator.Policy(r.Intn(2))
+					fits, err := l.Fit(node, req, nil, policy)
+					a, rerr := l.Reserve(uid, node, orderOf(req), req, policy)
+					if err == nil && fits.Fits != (rerr == nil) {
+						t.Fatalf("step %d: Fit says %v, Reserve says %v", step, fits.Fits, rerr)
+					}
+					if rerr == nil {
+						pods[uid] = placed{node, orderOf(req), a}
+						assumed[uid] = true
+						uids = append(uids, uid)
+					}
+				case op < 6 && len(uids) > 0: // Unreserve.
+					uid := uids[r.Intn(len(uids))]
+					l.ForgetAssumed(uid, pods[uid].node)
+					if assumed[uid] {
+						delete(pods, uid)
+					}
+				case op < 7 && len(uids) > 0: // The pod is bound: its annotation arrives.
+					uid := uids[r.Intn(len(uids))]
+					if p, ok := pods[uid]; ok {
+						l.AddPod(uid, p.node, p.order, p.assignment, false)
+						assumed[uid] = false
+					}
+				case op < 8 && len(uids) > 0: // The pod is deleted or finishes.
+					uid := uids[r.Intn(len(uids))]
+					l.RemovePod(uid)
+					delete(pods, uid)
+				default: // A node appears or its inventory changes.
+					setNode(r.Intn(4))
+				}
+				checkNoOvercommit(t, step, l)
+			}
+			rebuilt := ledger.New()
+			for name, raw := range inventories {
+				if _, err := rebuilt.SetInventory(name, raw, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for uid, p := range pods {
+				rebuilt.AddPod(uid, p.node, p.order, p.assignment, false)
+			}
+			if diff := cmp.Diff(l.Snapshot(), rebuilt.Snapshot()); diff != "" {
+				t.Errorf("rebuilt ledger differs (-live,+rebuilt):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestInventoryShrinkUnderRunningPods(t *testing.T) {
+	l := ledger.New()
+	full := testutil.Inventory("n", "T4", 16384, 4)
+	if _, err := l.SetInventory("n", testutil.MustEncode(full), true); err != nil {
+		t.Fatal(err)
+	}
+	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 4, Cores: 100}}}
+	a, err := l.Reserve("p", "n", orderOf(req), req, allocator.Binpack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shrunk := testutil.Inventory("n", "T4", 16384, 2)
+	if _, err := l.SetInventory("n", testutil.MustEncode(shrunk), true); err != nil {
+		t.Fatal(err)
+	}
+	checkNoOvercommit(t, 0, l)
+	one := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1}}}
+	if out, _ := l.Fit("n", one, nil, allocator.Binpack); out.Fits {
+		t.Error("a card still held by a running pod was offered after the inventory shrank")
+	}
+	if _, err := l.SetInventory("n", testutil.MustEncode(full), true); err != nil {
+		t.Fatal(err)
+	}
+	l.RemovePod("p")
+	for _, c := range l.Snapshot()["n"] {
+		if c.Used != (allocator.Usage{}) {
+			t.Errorf("card %d still holds %+v after the pod left (assignment %v)", c.Index, c.Used, a.Containers)
+		}
+	}
+}
+
+func TestInvalidInventoryOffersNothing(t *testing.T) {
+	l := ledger.New()
+	changed, err := l.SetInventory("n", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true)
+	if !changed || err == nil {
+		t.Fatalf("SetInventory = %v, %v; want changed with an error", changed, err)
+	}
+	if changed, _ := l.SetInventory("n", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true); changed {
+		t.Error("the same annotation twice reported a change")
+	}
+	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1}}}
+	if _, err := l.Fit("n", req, nil, allocator.Binpack); err == nil {
+		t.Error("Fit on an invalid inventory returned no error")
+	}
+	if _, err := l.Fit("unknown", req, nil, allocator.Binpack); err != ledger.ErrNoInventory {
+		t.Errorf("Fit on an unknown node = %v, want ErrNoInventory", err)
+	}
+}
+
+// TestConcurrentFit runs the framework's 16 parallel Filter goroutines
+// against writers; run it with -race.
+func TestConcurrentFit(t *testing.T) {
+	l := ledger.New()
+	for i := 0; i < 8; i++ {
+		if _, err := l.SetInventory(fmt.Sprint("n", i), testutil.MustEncode(testutil.Inventory(fmt.Sprint(i), "A100", 81920, 8)), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 10000, Cores: 10}}}
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 500; i++ {
+				_, _ = l.Fit(fmt.Sprint("n", i%8), req, nil, allocator.Binpack)
+			}
+		}()
+	}
+	for i := 0; i < 300; i++ {
+		uid := types.UID(fmt.Sprint("p", i))
+		if _, err := l.Reserve(uid, fmt.Sprint("n", i%8), orderOf(req), req, allocator.Binpack); err == nil && i%2 == 0 {
+			l.RemovePod(uid)
+		}
+	}
+	wg.Wait()
+	checkNoOvercommit(t, 0, l)
+}
