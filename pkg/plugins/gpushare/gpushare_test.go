@@ -1,0 +1,417 @@
+package gpushare
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	clientsetfake "k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/events"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	st "k8s.io/kubernetes/pkg/scheduler/testing"
+	"k8s.io/kubernetes/test/utils/ktesting"
+
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// harness is a plugin on a framework handle whose informers are fed by a
+// fake clientset holding the given objects.
+type harness struct {
+	ctx      context.Context
+	plugin   *Plugin
+	client   *clientsetfake.Clientset
+	recorder *events.FakeRecorder
+}
+
+func args(nodePolicy, gpuPolicy config.Policy) *config.GPUShareArgs {
+	a, err := argsFrom(nil)
+	if err != nil {
+		panic(err)
+	}
+	a.NodePolicy, a.GPUPolicy = nodePolicy, gpuPolicy
+	return a
+}
+
+func newHarness(t *testing.T, a *config.GPUShareArgs, objs ...runtime.Object) *harness {
+	t.Helper()
+	tCtx := ktesting.Init(t)
+	client := clientsetfake.NewClientset(objs...)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	recorder := events.NewFakeRecorder(100)
+	fh, err := frameworkruntime.NewFramework(tCtx, nil, nil,
+		frameworkruntime.WithClientSet(client), frameworkruntime.WithInformerFactory(factory),
+		frameworkruntime.WithEventRecorder(recorder))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var obj runtime.Object
+	if a != nil {
+		obj = a
+	}
+	p, err := New(tCtx, obj, fh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	factory.Start(tCtx.Done())
+	factory.WaitForCacheSync(tCtx.Done())
+	pl := p.(*Plugin)
+	if !pl.waitForLedger(tCtx) {
+		t.Fatal("ledger did not sync")
+	}
+	return &harness{ctx: tCtx, plugin: pl, client: client, recorder: recorder}
+}
+
+func nodeInfo(node *v1.Node) fwk.NodeInfo {
+	ni := framework.NewNodeInfo()
+	ni.SetNode(node)
+	return ni
+}
+
+// boundPod is a pod already running on node with the given cards.
+func boundPod(name, node string, containers map[string][]gpuinfo.CardAssignment) *v1.Pod {
+	a := gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: containers}
+	raw, err := a.Encode()
+	if err != nil {
+		panic(err)
+	}
+	p := st.MakePod().Name(name).Namespace("default").UID(name).Node(node).Annotation(gpuinfo.AssignmentAnnotation, raw)
+	for c := range containers {
+		p.Containers([]v1.Container{{Name: c}})
+	}
+	return p.Obj()
+}
+
+func gpuPod(name string, limits map[v1.ResourceName]string) *st.PodWrapper {
+	return st.MakePod().Name(name).Namespace("default").UID(name).Lim(limits)
+}
+
+func TestPreFilter(t *testing.T) {
+	h := newHarness(t, nil)
+	tests := []struct {
+		name     string
+		pod      *v1.Pod
+		wantCode fwk.Code
+		wantMsg  string
+	}{
+		{"no GPU request skips", st.MakePod().Name("p").Lim(map[v1.ResourceName]string{v1.ResourceCPU: "1"}).Obj(), fwk.Skip, ""},
+		{"valid request", gpuPod("p", testutil.Share(4096, 30)).Obj(), fwk.Success, ""},
+		{"invalid request", gpuPod("p", map[v1.ResourceName]string{"tessera.io/gpu-cores": "150"}).Obj(), fwk.UnschedulableAndUnresolvable,
+			`invalid GPU request: container "con0": resource tessera.io/gpu-cores: must be a whole percentage from 0 to 100, got 150`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			state := framework.NewCycleState()
+			_, status := h.plugin.PreFilter(h.ctx, state, tc.pod, nil)
+			if status.Code() != tc.wantCode || status.Message() != tc.wantMsg {
+				t.Errorf("status = %v %q, want %v %q", status.Code(), status.Message(), tc.wantCode, tc.wantMsg)
+			}
+			if got := getState(state) != nil; got != (tc.wantCode == fwk.Success) {
+				t.Errorf("state written = %v", got)
+			}
+		})
+	}
+}
+
+func TestFilter(t *testing.T) {
+	a100 := testutil.GPUNode("a100", testutil.Inventory("a", "NVIDIA A100-SXM4-80GB", 81920, 2))
+	t4 := testutil.GPUNode("t4", testutil.Inventory("t", "Tesla T4", 16384, 1))
+	plain := st.MakeNode().Name("plain").Obj()
+	broken := st.MakeNode().Name("broken").Annotation(gpuinfo.InventoryAnnotation, `{"version":1,"cards":[{"index":0}]}`).Obj()
+	sick := testutil.Inventory("s", "Tesla T4", 16384, 1)
+	sick.Cards[0].Healthy = false
+	sickNode := testutil.GPUNode("sick", sick)
+	// The T4 is mostly taken.
+	running := boundPod("running", "t4", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-t-0", MemoryMiB: 10240, Cores: 80}}})
+	h := newHarness(t, nil, a100, t4, plain, broken, sickNode, running)
+	tests := []struct {
+		name     string
+		pod      *v1.Pod
+		node     *v1.Node
+		wantCode fwk.Code
+		wantMsg  string
+	}{
+		{"fits", gpuPod("p", testutil.Share(4096, 30)).Obj(), a100, fwk.Success, ""},
+		{"memory short", gpuPod("p", testutil.Share(8192, 10)).Obj(), t4, fwk.Unschedulable, "no GPU has 8192 MiB free (most free: 6144 MiB)"},
+		{"compute short", gpuPod("p", testutil.Share(1024, 30)).Obj(), t4, fwk.Unschedulable, "no GPU has 30% compute free (most free: 20%)"},
+		{"too few cards", gpuPod("p", testutil.Cards(4)).Obj(), a100, fwk.Unschedulable, "needs 4 GPUs, 2 fit"},
+		{"model mismatch", gpuPod("p", testutil.Cards(1)).Annotation(gpuinfo.ModelAnnotation, "A100").Obj(), t4, fwk.UnschedulableAndUnresolvable, "no GPU matches model a100"},
+		{"model excluded", gpuPod("p", testutil.Cards(1)).Annotation(gpuinfo.ModelExcludeAnnotation, "a100").Obj(), a100, fwk.UnschedulableAndUnresolvable, "no GPU matches model not a100"},
+		{"uuid chosen", gpuPod("p", testutil.Cards(1)).Annotation(gpuinfo.UUIDAnnotation, "GPU-a-1").Obj(), a100, fwk.Success, ""},
+		{"no inventory", gpuPod("p", testutil.Cards(1)).Obj(), plain, fwk.UnschedulableAndUnresolvable, reasonNoInventory},
+		{"invalid inventory", gpuPod("p", testutil.Cards(1)).Obj(), broken, fwk.UnschedulableAndUnresolvable, reasonNoInventory},
+		{"unhealthy card", gpuPod("p", testutil.Share(1, 0)).Obj(), sickNode, fwk.UnschedulableAndUnresolvable, "no healthy GPU"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			state := framework.NewCycleState()
+			if _, s := h.plugin.PreFilter(h.ctx, state, tc.pod, nil); !s.IsSuccess() {
+				t.Fatalf("PreFilter: %v", s)
+			}
+			status := h.plugin.Filter(h.ctx, state, tc.pod, nodeInfo(tc.node))
+			if status.Code() != tc.wantCode || status.Message() != tc.wantMsg {
+				t.Errorf("status = %v %q, want %v %q", status.Code(), status.Message(), tc.wantCode, tc.wantMsg)
+			}
+		})
+	}
+}
+
+func TestInvalidInventoryIsReported(t *testing.T) {
+	broken := st.MakeNode().Name("broken").Annotation(gpuinfo.InventoryAnnotation, `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-1,"cores":100}]}`).Obj()
+	h := newHarness(t, nil, broken)
+	select {
+	case e := <-h.recorder.Events:
+		for _, want := range []string{eventInvalidInventory, "cards[0].memoryMiB"} {
+			if !strings.Contains(e, want) {
+				t.Errorf("event %q does not contain %q", e, want)
+			}
+		}
+	default:
+		t.Fatal("no event for an invalid inventory")
+	}
+}
+
+func TestScore(t *testing.T) {
+	used := testutil.GPUNode("used", testutil.Inventory("u", "A100", 81920, 2))
+	empty := testutil.GPUNode("empty", testutil.Inventory("e", "A100", 81920, 2))
+	running := boundPod("running", "used", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-u-0", MemoryMiB: 40960, Cores: 50}}})
+	pod := gpuPod("p", testutil.Share(8192, 10)).Obj()
+	// After placement "used" is 30% used (49152 of 163840 MiB, 60 of 200
+	// cores) and "empty" 5%; normalized: 100 and 5*100/30.
+	for _, tc := range []struct {
+		policy config.Policy
+		want   fwk.NodeScoreList
+	}{
+		{config.PolicyBinpack, fwk.NodeScoreList{{Name: "used", Score: 100}, {Name: "empty", Score: 16}}},
+		{config.PolicySpread, fwk.NodeScoreList{{Name: "used", Score: 0}, {Name: "empty", Score: 84}}},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			h := newHarness(t, args(tc.policy, tc.policy), used, empty, running)
+			state := framework.NewCycleState()
+			h.plugin.PreFilter(h.ctx, state, pod, nil)
+			if s := h.plugin.PreScore(h.ctx, state, pod, nil); !s.IsSuccess() {
+				t.Fatalf("PreScore: %v", s)
+			}
+			var got fwk.NodeScoreList
+			for _, n := range []*v1.Node{used, empty} {
+				score, s := h.plugin.Score(h.ctx, state, pod, nodeInfo(n))
+				if !s.IsSuccess() {
+					t.Fatal(s)
+				}
+				got = append(got, fwk.NodeScore{Name: n.Name, Score: score})
+			}
+			if s := h.plugin.NormalizeScore(h.ctx, state, pod, got); !s.IsSuccess() {
+				t.Fatal(s)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("scores (-want,+got):\n%s", diff)
+			}
+		})
+	}
+	t.Run("pods without GPUs skip scoring", func(t *testing.T) {
+		h := newHarness(t, nil)
+		if s := h.plugin.PreScore(h.ctx, framework.NewCycleState(), st.MakePod().Obj(), nil); s.Code() != fwk.Skip {
+			t.Errorf("PreScore = %v, want Skip", s)
+		}
+	})
+}
+
+func TestReserveUnreserve(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 2))
+	h := newHarness(t, args(config.PolicyBinpack, config.PolicyBinpack), node)
+	before := h.plugin.ledger.Snapshot()
+	first, second := gpuPod("first", testutil.Share(40960, 50)).Obj(), gpuPod("second", testutil.Share(40960, 50)).Obj()
+	reserve := func(pod *v1.Pod) fwk.CycleState {
+		state := framework.NewCycleState()
+		h.plugin.PreFilter(h.ctx, state, pod, nil)
+		if s := h.plugin.Reserve(h.ctx, state, pod, "n"); !s.IsSuccess() {
+			t.Fatalf("Reserve %s: %v", pod.Name, s)
+		}
+		return state
+	}
+	s1 := reserve(first)
+	s2 := reserve(second)
+	cards := func(s fwk.CycleState, c string) []gpuinfo.CardAssignment { return getState(s).assignment.Containers[c] }
+	if diff := cmp.Diff([]gpuinfo.CardAssignment{{Index: 0, UUID: "GPU-n-0", MemoryMiB: 40960, Cores: 50}}, cards(s1, "con0")); diff != "" {
+		t.Errorf("first pod's cards (-want,+got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]gpuinfo.CardAssignment{{Index: 0, UUID: "GPU-n-0", MemoryMiB: 40960, Cores: 50}}, cards(s2, "con0")); diff != "" {
+		t.Errorf("binpack should put the second pod on the same card (-want,+got):\n%s", diff)
+	}
+	third := gpuPod("third", testutil.Cards(2)).Obj()
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, third, nil)
+	if s := h.plugin.Filter(h.ctx, state, third, nodeInfo(node)); s.IsSuccess() {
+		t.Error("two whole cards fit while one is reserved")
+	}
+	h.plugin.Unreserve(h.ctx, s1, first, "n")
+	h.plugin.Unreserve(h.ctx, s2, second, "n")
+	if diff := cmp.Diff(before, h.plugin.ledger.Snapshot()); diff != "" {
+		t.Errorf("Unreserve did not roll back exactly (-before,+after):\n%s", diff)
+	}
+}
+
+func TestPreBindAndBind(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	pod := gpuPod("p", testutil.Share(1024, 10)).Obj()
+	plainPod := st.MakePod().Name("plain").Namespace("default").Obj()
+	h := newHarness(t, nil, node, pod)
+	var bindings []*v1.Binding
+	h.client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		if action.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		bindings = append(bindings, action.(clienttesting.CreateAction).GetObject().(*v1.Binding))
+		return true, nil, nil
+	})
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, pod, nil)
+	if s := h.plugin.Reserve(h.ctx, state, pod, "n"); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	if _, s := h.plugin.PreBindPreFlight(h.ctx, state, pod, "n"); !s.IsSuccess() {
+		t.Errorf("PreBindPreFlight = %v", s)
+	}
+	if s := h.plugin.PreBind(h.ctx, state, pod, "n"); !s.IsSuccess() {
+		t.Errorf("PreBind = %v", s)
+	}
+	if s := h.plugin.Bind(h.ctx, state, pod, "n"); !s.IsSuccess() {
+		t.Fatalf("Bind = %v", s)
+	}
+	if len(bindings) != 1 {
+		t.Fatalf("got %d bindings, want 1", len(bindings))
+	}
+	b := bindings[0]
+	got, err := gpuinfo.DecodeAssignment(b.Annotations[gpuinfo.AssignmentAnnotation])
+	if err != nil {
+		t.Fatalf("binding's assignment: %v", err)
+	}
+	if diff := cmp.Diff(getState(state).assignment, got); diff != "" {
+		t.Errorf("bound assignment (-reserved,+bound):\n%s", diff)
+	}
+	if b.Target.Name != "n" || b.UID != pod.UID {
+		t.Errorf("binding targets %q with UID %q", b.Target.Name, b.UID)
+	}
+	// A pod without GPUs is left to DefaultBinder.
+	if s := h.plugin.Bind(h.ctx, framework.NewCycleState(), plainPod, "n"); s.Code() != fwk.Skip {
+		t.Errorf("Bind of a pod without GPUs = %v, want Skip", s)
+	}
+	if _, s := h.plugin.PreBindPreFlight(h.ctx, framework.NewCycleState(), plainPod, "n"); s.Code() != fwk.Skip {
+		t.Errorf("PreBindPreFlight of a pod without GPUs = %v, want Skip", s)
+	}
+}
+
+func TestPreBindRejectsCardThatTurnedUnhealthy(t *testing.T) {
+	inv := testutil.Inventory("n", "A100", 81920, 1)
+	node := testutil.GPUNode("n", inv)
+	h := newHarness(t, nil, node)
+	pod := gpuPod("p", testutil.Share(1024, 10)).Obj()
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, pod, nil)
+	if s := h.plugin.Reserve(h.ctx, state, pod, "n"); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	inv.Cards[0].Healthy = false
+	h.plugin.ledger.SetInventory("n", testutil.MustEncode(inv), true)
+	s := h.plugin.PreBind(h.ctx, state, pod, "n")
+	if s.IsSuccess() || !strings.Contains(s.Message(), "became unhealthy") {
+		t.Errorf("PreBind = %v, want a rejection naming the unhealthy card", s)
+	}
+}
+
+func TestAddRemovePod(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	victim := boundPod("victim", "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: 81920, Cores: 100}}})
+	h := newHarness(t, nil, node, victim)
+	pod := gpuPod("p", testutil.Share(40960, 50)).Obj()
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, pod, nil)
+	ni := nodeInfo(node)
+	if s := h.plugin.Filter(h.ctx, state, pod, ni); s.IsSuccess() {
+		t.Fatal("pod fits a card held whole by another pod")
+	}
+	victimInfo, _ := framework.NewPodInfo(victim)
+	dryRun := state.Clone()
+	if s := h.plugin.RemovePod(h.ctx, dryRun, pod, victimInfo, ni); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	if s := h.plugin.Filter(h.ctx, dryRun, pod, ni); !s.IsSuccess() {
+		t.Errorf("pod does not fit after its victim was removed: %v", s)
+	}
+	if s := h.plugin.Filter(h.ctx, state, pod, ni); s.IsSuccess() {
+		t.Error("removing the victim in a clone changed the original state")
+	}
+	nominated, _ := framework.NewPodInfo(gpuPod("nominated", testutil.Share(61440, 10)).Obj())
+	if s := h.plugin.AddPod(h.ctx, dryRun, pod, nominated, ni); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	if s := h.plugin.Filter(h.ctx, dryRun, pod, ni); s.IsSuccess() {
+		t.Error("pod fits beside a nominated pod that leaves it no room")
+	}
+	if s := h.plugin.AddPod(h.ctx, state.Clone(), pod, victimInfo, ni); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+}
+
+func TestQueueingHints(t *testing.T) {
+	h := newHarness(t, nil)
+	pending := gpuPod("pending", testutil.Share(1024, 10)).Obj()
+	holder := boundPod("holder", "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "u", MemoryMiB: 1, Cores: 0}}})
+	assumedGPU := gpuPod("assumed", testutil.Cards(1)).Node("n").Obj()
+	cpuOnly := st.MakePod().Name("cpu").Node("n").Obj()
+	inv := testutil.MustEncode(testutil.Inventory("n", "A100", 81920, 1))
+	bigger := testutil.MustEncode(testutil.Inventory("n", "A100", 81920, 2))
+	withInv := func(raw string) *v1.Node { return st.MakeNode().Name("n").Annotation(gpuinfo.InventoryAnnotation, raw).Obj() }
+	plainNode := st.MakeNode().Name("n").Obj()
+	tests := []struct {
+		name     string
+		fn       fwk.QueueingHintFn
+		old, new any
+		want     fwk.QueueingHint
+	}{
+		{"deleted pod held GPUs", h.plugin.isSchedulableAfterPodDeleted, holder, nil, fwk.Queue},
+		{"un-assumed GPU pod", h.plugin.isSchedulableAfterPodDeleted, assumedGPU, nil, fwk.Queue},
+		{"deleted pod had no GPUs", h.plugin.isSchedulableAfterPodDeleted, cpuOnly, nil, fwk.QueueSkip},
+		{"node added with inventory", h.plugin.isSchedulableAfterNodeChange, nil, withInv(inv), fwk.Queue},
+		{"node added without inventory", h.plugin.isSchedulableAfterNodeChange, nil, plainNode, fwk.QueueSkip},
+		{"inventory grew", h.plugin.isSchedulableAfterNodeChange, withInv(inv), withInv(bigger), fwk.Queue},
+		{"inventory unchanged", h.plugin.isSchedulableAfterNodeChange, withInv(inv), withInv(inv), fwk.QueueSkip},
+		{"inventory removed", h.plugin.isSchedulableAfterNodeChange, withInv(inv), plainNode, fwk.QueueSkip},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.fn(ktesting.Init(t).Logger(), pending, tc.old, tc.new)
+			if err != nil || got != tc.want {
+				t.Errorf("hint = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+	events, err := h.plugin.EventsToRegister(h.ctx)
+	if err != nil || len(events) != 2 {
+		t.Errorf("EventsToRegister = %v, %v", events, err)
+	}
+}
+
+func TestSignPod(t *testing.T) {
+	h := newHarness(t, nil)
+	a, _ := h.plugin.SignPod(h.ctx, gpuPod("a", testutil.Share(1024, 10)).Obj())
+	b, _ := h.plugin.SignPod(h.ctx, gpuPod("b", testutil.Share(1024, 10)).Obj())
+	c, _ := h.plugin.SignPod(h.ctx, gpuPod("c", testutil.Share(2048, 10)).Obj())
+	if !cmp.Equal(a, b) {
+		t.Error("identical requests signed differently")
+	}
+	if cmp.Equal(a, c) {
+		t.Error("different requests signed alike")
+	}
+	if _, s := h.plugin.SignPod(h.ctx, gpuPod("bad", map[v1.ResourceName]string{"tessera.io/gpu": "0"}).Obj()); s.IsSuccess() {
+		t.Error("an invalid request was signed")
+	}
+}
