@@ -53,8 +53,8 @@ func TestParsePodRequest(t *testing.T) {
 			}},
 		},
 		{
-			name: "HAMi names",
-			pod:  st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "50"}).Obj(),
+			name:  "HAMi names",
+			pod:   st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"nvidia.com/gpu": "2", "nvidia.com/gpumem": "8000", "nvidia.com/gpucores": "50"}).Obj(),
 			names: gpuinfo.HAMiResourceNames(),
 			want:  &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 2, MemoryMiB: 8000, Cores: 50}}},
 		},

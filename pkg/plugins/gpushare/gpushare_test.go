@@ -41,7 +41,7 @@ func args(nodePolicy, gpuPolicy config.Policy) *config.GPUShareArgs {
 	return a
 }
 
-func newHarness(t *testing.T, a *config.GPUShareArgs, objs ...runtime.Object) *harness {
+func newHarness(t testing.TB, a *config.GPUShareArgs, objs ...runtime.Object) *harness {
 	t.Helper()
 	tCtx := ktesting.Init(t)
 	client := clientsetfake.NewClientset(objs...)
@@ -369,7 +369,9 @@ func TestQueueingHints(t *testing.T) {
 	cpuOnly := st.MakePod().Name("cpu").Node("n").Obj()
 	inv := testutil.MustEncode(testutil.Inventory("n", "A100", 81920, 1))
 	bigger := testutil.MustEncode(testutil.Inventory("n", "A100", 81920, 2))
-	withInv := func(raw string) *v1.Node { return st.MakeNode().Name("n").Annotation(gpuinfo.InventoryAnnotation, raw).Obj() }
+	withInv := func(raw string) *v1.Node {
+		return st.MakeNode().Name("n").Annotation(gpuinfo.InventoryAnnotation, raw).Obj()
+	}
 	plainNode := st.MakeNode().Name("n").Obj()
 	tests := []struct {
 		name     string

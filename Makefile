@@ -1,0 +1,44 @@
+# Tessera's build. Every target uses the same Go flags, so builds and tests
+# share one build cache (a cold build of the Kubernetes code costs minutes).
+GO       ?= go
+BIN      ?= bin
+# Packages run under the race detector: the plugin and everything it calls
+# concurrently from the framework's parallel Filter.
+RACE_PKGS := ./pkg/plugins/... ./pkg/ledger/... ./pkg/allocator/... ./pkg/gpuinfo/...
+FUZZTIME ?= 10s
+FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
+
+.PHONY: all build test test-unit test-race fuzz bench lint clean
+
+all: build
+
+## build: the scheduler binary into bin/
+build:
+	$(GO) build -o $(BIN)/tessera-scheduler ./cmd/scheduler
+
+## test: every test; the race detector on the plugin and contract packages; each fuzz target briefly
+test: test-unit test-race fuzz
+
+test-unit:
+	$(GO) test $$($(GO) list ./... | grep -v -e /pkg/plugins/ -e /pkg/ledger -e /pkg/allocator -e /pkg/gpuinfo)
+
+test-race:
+	$(GO) test -race $(RACE_PKGS)
+
+fuzz:
+	@for target in $(FUZZ_TARGETS); do \
+		echo "fuzzing $$target for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$target\$$" -fuzztime=$(FUZZTIME) ./pkg/gpuinfo || exit 1; \
+	done
+
+## bench: the plugin's per-node benchmarks (figures go to docs/performance.md)
+bench:
+	$(GO) test -run='^$$' -bench=. -benchmem ./pkg/plugins/gpushare/
+
+## lint: gofmt and go vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN)
