@@ -7,13 +7,10 @@ import (
 	"os"
 
 	"k8s.io/component-base/cli"
-	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 
-	_ "github.com/tessera-gpu/tessera/pkg/apis/config/scheme"
-	"github.com/tessera-gpu/tessera/pkg/plugins/gpushare"
+	"github.com/tessera-gpu/tessera/internal/schedulercmd"
 )
 
 func main() {
-	command := app.NewSchedulerCommand(app.WithPlugin(gpushare.Name, gpushare.New))
-	os.Exit(cli.Run(command))
+	os.Exit(cli.Run(schedulercmd.NewCommand()))
 }

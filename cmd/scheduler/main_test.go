@@ -12,6 +12,7 @@ import (
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/schedulercmd"
 	"github.com/tessera-gpu/tessera/pkg/plugins/gpushare"
 )
 
@@ -28,7 +29,7 @@ func setup(t *testing.T, configFile string) (map[string][]string, error) {
 	if err := fs.Parse([]string{"--config=" + configFile, "--master=https://127.0.0.1:1", "--secure-port=0"}); err != nil {
 		t.Fatal(err)
 	}
-	_, sched, err := app.Setup(tCtx, opts, app.WithPlugin(gpushare.Name, gpushare.New))
+	_, sched, err := app.Setup(tCtx, opts, schedulercmd.Options()...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,135 @@
+// Package cluster runs a real Kubernetes control plane inside the current
+// process — embedded etcd and kube-apiserver, nothing to download — and
+// Tessera's scheduler against it, with simulated GPU nodes. The integration
+// suite and `make demo` both use it.
+package cluster
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"k8s.io/apiserver/pkg/storage/storagebackend"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+)
+
+// ControlPlane is an embedded etcd and a kube-apiserver serving on loopback.
+type ControlPlane struct {
+	// Config reaches the API server as an administrator.
+	Config *rest.Config
+	// Client is a clientset for Config.
+	Client kubernetes.Interface
+	r      *runner
+}
+
+// Start starts etcd and kube-apiserver. Without a controller manager, the
+// ServiceAccount and TaintNodesByCondition admission plugins are off (no
+// default service accounts; new nodes carry no not-ready taint) and no
+// endpoint reconciler runs. logf receives the servers' progress messages.
+func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) {
+	// The API server and the scheduler both apply logging options.
+	logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged
+	r := &runner{logf: logf}
+	defer func() {
+		if p := recover(); p != nil {
+			f, ok := p.(fatal)
+			if !ok {
+				panic(p)
+			}
+			r.cleanup()
+			cp, err = nil, fmt.Errorf("starting the control plane: %s", f.msg)
+		}
+	}()
+	etcdURL, err := startEtcd(r)
+	if err != nil {
+		r.cleanup()
+		return nil, err
+	}
+	storage := storagebackend.NewDefaultConfig("/registry", nil)
+	storage.Transport.ServerList = []string{etcdURL}
+	opts := kubeapiservertesting.NewDefaultTestServerOptions()
+	opts.DisableInvariantChecks = true
+	server, err := kubeapiservertesting.StartTestServer(r, opts, []string{
+		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+		"--endpoint-reconciler-type=none",
+	}, storage)
+	if err != nil {
+		r.cleanup()
+		return nil, fmt.Errorf("starting kube-apiserver: %w", err)
+	}
+	r.Cleanup(server.TearDownFn)
+	client, err := kubernetes.NewForConfig(server.ClientConfig)
+	if err != nil {
+		r.cleanup()
+		return nil, err
+	}
+	return &ControlPlane{Config: server.ClientConfig, Client: client, r: r}, nil
+}
+
+// Stop shuts the API server and etcd down and removes their files.
+func (cp *ControlPlane) Stop() { cp.r.cleanup() }
+
+func startEtcd(r *runner) (string, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return "", err
+	}
+	cfg := embed.NewConfig()
+	cfg.UnsafeNoFsync = true
+	clientURL := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))}
+	peerURL := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peerURL}, []url.URL{peerURL}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cfg.Dir = filepath.Join(r.TempDir(), "etcd")
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return "", err
+	}
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return "", fmt.Errorf("starting etcd: %w", err)
+	}
+	r.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(60 * time.Second):
+		return "", fmt.Errorf("etcd did not become ready within 60s")
+	}
+	return clientURL.String(), nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// WriteKubeconfig writes a kubeconfig file for the control plane's admin.
+func (cp *ControlPlane) WriteKubeconfig(path string) error {
+	c := cp.Config
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["tessera"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData, TLSServerName: c.ServerName, InsecureSkipTLSVerify: c.Insecure}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: c.BearerToken, ClientCertificateData: c.CertData, ClientKeyData: c.KeyData}
+	cfg.Contexts["tessera"] = &clientcmdapi.Context{Cluster: "tessera", AuthInfo: "admin"}
+	cfg.CurrentContext = "tessera"
+	return clientcmd.WriteToFile(*cfg, path)
+}
