@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/spf13/pflag"
 	"k8s.io/component-base/configz"
@@ -22,6 +23,7 @@ const configzName = "componentconfig"
 type Scheduler struct {
 	cancel context.CancelFunc
 	done   chan error
+	stop   sync.Once
 }
 
 // WriteSchedulerConfig copies the scheduler configuration at src to dst with
@@ -79,9 +81,11 @@ func StartScheduler(ctx context.Context, configFile string, flags ...string) (*S
 
 // Stop stops the scheduler and waits for it to return. It unregisters the
 // scheduler's /configz entry, which is global to the process, so that another
-// scheduler can start after it.
+// scheduler can start after it. Stopping twice is harmless.
 func (s *Scheduler) Stop() {
-	s.cancel()
-	<-s.done
-	configz.Delete(configzName)
+	s.stop.Do(func() {
+		s.cancel()
+		<-s.done
+		configz.Delete(configzName)
+	})
 }

@@ -7,6 +7,7 @@ package ledger
 
 import (
 	"errors"
+	"strconv"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +28,7 @@ type Ledger struct {
 
 type node struct {
 	raw       string
+	version   uint64
 	cards     []allocator.Card
 	used      []allocator.Usage
 	err       error
@@ -57,18 +59,22 @@ func (l *Ledger) nodeLocked(name string) *node {
 }
 
 // SetInventory records a node's inventory annotation (present reports whether
-// the node has one). It returns whether the stored state changed and the
-// decoding error, if any; a node with an invalid inventory offers no GPUs.
-// Usage is recomputed from the node's pods, so a shrinking inventory frees
-// nothing twice and never leaves a charge on a card that is gone.
-func (l *Ledger) SetInventory(name, raw string, present bool) (changed bool, err error) {
+// the node has one) as of the node object's resourceVersion; an annotation
+// from an older version than the one recorded is ignored, so updates that
+// arrive out of order never roll the ledger back. It returns whether the
+// stored state changed and the decoding error, if any; a node with an invalid
+// inventory offers no GPUs. Usage is recomputed from the node's pods, so a
+// shrinking inventory frees nothing twice and never leaves a charge on a card
+// that is gone.
+func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (changed bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	n := l.nodeLocked(name)
-	if n.hasReport == present && n.raw == raw {
+	version, _ := strconv.ParseUint(resourceVersion, 10, 64)
+	if (n.hasReport == present && n.raw == raw) || (version != 0 && version < n.version) {
 		return false, n.errIfInvalid()
 	}
-	n.raw, n.hasReport = raw, present
+	n.raw, n.hasReport, n.version = raw, present, max(version, n.version)
 	n.cards, n.err = nil, ErrNoInventory
 	if present {
 		inv, derr := gpuinfo.DecodeInventory(raw)
@@ -175,6 +181,24 @@ func (l *Ledger) removePodLocked(uid types.UID) {
 	if len(n.pods) == 0 && !n.hasReport {
 		delete(l.nodes, p.node)
 	}
+}
+
+// BoundPods returns the pods recorded as bound on a node (not the assumed
+// ones), for checking them against the API.
+func (l *Ledger) BoundPods(nodeName string) []types.UID {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil {
+		return nil
+	}
+	var uids []types.UID
+	for uid := range n.pods {
+		if !l.pods[uid].assumed {
+			uids = append(uids, uid)
+		}
+	}
+	return uids
 }
 
 // Holds reports whether the ledger has cards recorded for the pod.

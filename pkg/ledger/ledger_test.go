@@ -94,7 +94,7 @@ func TestLedgerProperties(t *testing.T) {
 			setNode := func(i int) {
 				name := fmt.Sprintf("node-%d", i)
 				inventories[name] = randomInventory(r, i)
-				if _, err := l.SetInventory(name, inventories[name], true); err != nil {
+				if _, err := l.SetInventory(name, "", inventories[name], true); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -139,7 +139,7 @@ func TestLedgerProperties(t *testing.T) {
 			}
 			rebuilt := ledger.New()
 			for name, raw := range inventories {
-				if _, err := rebuilt.SetInventory(name, raw, true); err != nil {
+				if _, err := rebuilt.SetInventory(name, "", raw, true); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -156,7 +156,7 @@ func TestLedgerProperties(t *testing.T) {
 func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 	l := ledger.New()
 	full := testutil.Inventory("n", "T4", 16384, 4)
-	if _, err := l.SetInventory("n", testutil.MustEncode(full), true); err != nil {
+	if _, err := l.SetInventory("n", "", testutil.MustEncode(full), true); err != nil {
 		t.Fatal(err)
 	}
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 4, Cores: 100}}}
@@ -165,7 +165,7 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	shrunk := testutil.Inventory("n", "T4", 16384, 2)
-	if _, err := l.SetInventory("n", testutil.MustEncode(shrunk), true); err != nil {
+	if _, err := l.SetInventory("n", "", testutil.MustEncode(shrunk), true); err != nil {
 		t.Fatal(err)
 	}
 	checkNoOvercommit(t, 0, l)
@@ -173,7 +173,7 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 	if out, _ := l.Fit("n", one, nil, allocator.Binpack); out.Fits {
 		t.Error("a card still held by a running pod was offered after the inventory shrank")
 	}
-	if _, err := l.SetInventory("n", testutil.MustEncode(full), true); err != nil {
+	if _, err := l.SetInventory("n", "", testutil.MustEncode(full), true); err != nil {
 		t.Fatal(err)
 	}
 	l.RemovePod("p")
@@ -186,11 +186,11 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 
 func TestInvalidInventoryOffersNothing(t *testing.T) {
 	l := ledger.New()
-	changed, err := l.SetInventory("n", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true)
+	changed, err := l.SetInventory("n", "", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true)
 	if !changed || err == nil {
 		t.Fatalf("SetInventory = %v, %v; want changed with an error", changed, err)
 	}
-	if changed, _ := l.SetInventory("n", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true); changed {
+	if changed, _ := l.SetInventory("n", "", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true); changed {
 		t.Error("the same annotation twice reported a change")
 	}
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1}}}
@@ -202,12 +202,26 @@ func TestInvalidInventoryOffersNothing(t *testing.T) {
 	}
 }
 
+func TestOlderInventoryIsIgnored(t *testing.T) {
+	l := ledger.New()
+	two, four := testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 2)), testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 4))
+	if changed, _ := l.SetInventory("n", "20", four, true); !changed {
+		t.Fatal("first inventory not recorded")
+	}
+	if changed, _ := l.SetInventory("n", "10", two, true); changed {
+		t.Error("an inventory from an older node version replaced a newer one")
+	}
+	if got := len(l.Snapshot()["n"]); got != 4 {
+		t.Errorf("%d cards recorded, want 4", got)
+	}
+}
+
 // TestConcurrentFit runs the framework's 16 parallel Filter goroutines
 // against writers; run it with -race.
 func TestConcurrentFit(t *testing.T) {
 	l := ledger.New()
 	for i := 0; i < 8; i++ {
-		if _, err := l.SetInventory(fmt.Sprint("n", i), testutil.MustEncode(testutil.Inventory(fmt.Sprint(i), "A100", 81920, 8)), true); err != nil {
+		if _, err := l.SetInventory(fmt.Sprint("n", i), "", testutil.MustEncode(testutil.Inventory(fmt.Sprint(i), "A100", 81920, 8)), true); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -9,12 +10,34 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
+// ErrStaleInventory is returned by FitCurrent when the caller has seen a
+// newer inventory annotation than the ledger.
+var ErrStaleInventory = errors.New("GPU inventory changed")
+
 // Fit places req on a node without recording anything: the answer to Filter
 // and Score. err is the node's inventory problem (ErrNoInventory or a
 // decoding error), in which case the outcome is empty.
 func (l *Ledger) Fit(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
+	return l.fitLocked(nodeName, req, deltas, policy)
+}
+
+// FitCurrent is Fit for a caller holding the node's current inventory
+// annotation (raw, present): it returns ErrStaleInventory when the ledger has
+// not recorded that annotation yet, so the caller can record it and retry.
+func (l *Ledger) FitCurrent(nodeName, raw string, present bool, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (allocator.Outcome, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if n := l.nodes[nodeName]; n == nil || n.hasReport != present || n.raw != raw {
+		if present || n != nil && n.hasReport {
+			return allocator.Outcome{}, ErrStaleInventory
+		}
+	}
+	return l.fitLocked(nodeName, req, deltas, policy)
+}
+
+func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (allocator.Outcome, error) {
 	n := l.nodes[nodeName]
 	if n == nil {
 		return allocator.Outcome{}, ErrNoInventory

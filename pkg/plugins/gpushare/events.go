@@ -22,11 +22,18 @@ func (p *Plugin) EventsToRegister(_ context.Context) ([]fwk.ClusterEventWithHint
 }
 
 // isSchedulableAfterPodDeleted queues the pod when the deleted pod held cards.
+//
+// Hints run in the scheduler's own event handler, right before the pod is
+// moved to the active queue, while the ledger's informer handler runs on its
+// own goroutine and may not have seen the event yet. So the hint applies the
+// event to the ledger itself (idempotently): otherwise the retried pod could
+// meet the old ledger, fail again, and wait for the next event.
 func (p *Plugin) isSchedulableAfterPodDeleted(logger klog.Logger, pod *v1.Pod, oldObj, _ any) (fwk.QueueingHint, error) {
 	deleted, ok := oldObj.(*v1.Pod)
 	if !ok {
 		return fwk.Queue, nil
 	}
+	p.onPodDelete(deleted)
 	if _, held := deleted.Annotations[gpuinfo.AssignmentAnnotation]; held || p.requestsGPU(deleted) {
 		logger.V(5).Info("A pod holding GPUs went away", "pod", klog.KObj(pod), "deletedPod", klog.KObj(deleted))
 		return fwk.Queue, nil
@@ -35,12 +42,14 @@ func (p *Plugin) isSchedulableAfterPodDeleted(logger klog.Logger, pod *v1.Pod, o
 }
 
 // isSchedulableAfterNodeChange queues the pod when a node's inventory
-// appears or changes.
+// appears or changes. Like isSchedulableAfterPodDeleted, it first applies the
+// change to the ledger.
 func (p *Plugin) isSchedulableAfterNodeChange(logger klog.Logger, pod *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
 	node, ok := newObj.(*v1.Node)
 	if !ok {
 		return fwk.Queue, nil
 	}
+	p.onNode(node)
 	raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
 	if !present {
 		return fwk.QueueSkip, nil

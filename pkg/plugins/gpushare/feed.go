@@ -31,6 +31,8 @@ type feed struct {
 	ledger   *ledger.Ledger
 	recorder events.EventRecorder
 	logger   klog.Logger
+	// pods indexes the scheduler's pod informer by UID.
+	pods cache.Indexer
 	// handlers are the informer registrations; synced is set once they have
 	// all delivered their initial lists.
 	handlers []cache.ResourceEventHandlerRegistration
@@ -60,7 +62,12 @@ func feedFor(ctx context.Context, h fwk.Handle) (*feed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
 	}
-	pods, err := factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	podInformer := factory.Core().V1().Pods().Informer()
+	if err := podInformer.AddIndexers(cache.Indexers{uidIndex: indexByUID}); err != nil {
+		return nil, fmt.Errorf("%s: indexing pods: %w", Name, err)
+	}
+	f.pods = podInformer.GetIndexer()
+	pods, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    f.onPod,
 		UpdateFunc: func(_, obj any) { f.onPod(obj) },
 		DeleteFunc: f.onPodDelete,
@@ -79,7 +86,7 @@ func (f *feed) onNode(obj any) {
 		return
 	}
 	raw, present := n.Annotations[gpuinfo.InventoryAnnotation]
-	changed, err := f.ledger.SetInventory(n.Name, raw, present)
+	changed, err := f.ledger.SetInventory(n.Name, n.ResourceVersion, raw, present)
 	if !changed {
 		return
 	}
@@ -125,6 +132,32 @@ func (f *feed) onPod(obj any) {
 		return
 	}
 	f.ledger.AddPod(pod.UID, pod.Spec.NodeName, gpuinfo.ContainerOrder(pod), a, false)
+}
+
+// uidIndex names the pod informer's index by UID.
+const uidIndex = "tessera.io/uid"
+
+func indexByUID(obj any) ([]string, error) {
+	if pod, ok := obj.(*v1.Pod); ok {
+		return []string{string(pod.UID)}, nil
+	}
+	return nil, nil
+}
+
+// dropDeletedPods removes from the ledger the node's bound pods that the
+// informer's store no longer holds (deleted, or finished: the scheduler's pod
+// informer drops those), and reports whether it removed any. The store is
+// updated before any handler hears of a deletion, so this catches up with
+// deletions the ledger's handler has not processed yet.
+func (f *feed) dropDeletedPods(nodeName string) bool {
+	dropped := false
+	for _, uid := range f.ledger.BoundPods(nodeName) {
+		if objs, err := f.pods.ByIndex(uidIndex, string(uid)); err == nil && len(objs) == 0 {
+			f.ledger.RemovePod(uid)
+			dropped = true
+		}
+	}
+	return dropped
 }
 
 func (f *feed) onPodDelete(obj any) {

@@ -24,8 +24,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	if s == nil {
 		return fwk.NewStatus(fwk.Error, reasonNoState)
 	}
-	name := nodeInfo.Node().Name
-	out, err := p.ledger.Fit(name, s.req, s.deltas[name], p.gpuPolicy)
+	out, err := p.fit(s, nodeInfo.Node())
 	switch {
 	case err != nil:
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)

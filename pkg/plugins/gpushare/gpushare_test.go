@@ -320,7 +320,7 @@ func TestPreBindRejectsCardThatTurnedUnhealthy(t *testing.T) {
 		t.Fatal(s)
 	}
 	inv.Cards[0].Healthy = false
-	h.plugin.ledger.SetInventory("n", testutil.MustEncode(inv), true)
+	h.plugin.ledger.SetInventory("n", "", testutil.MustEncode(inv), true)
 	s := h.plugin.PreBind(h.ctx, state, pod, "n")
 	if s.IsSuccess() || !strings.Contains(s.Message(), "became unhealthy") {
 		t.Errorf("PreBind = %v, want a rejection naming the unhealthy card", s)
@@ -415,5 +415,34 @@ func TestSignPod(t *testing.T) {
 	}
 	if _, s := h.plugin.SignPod(h.ctx, gpuPod("bad", map[v1.ResourceName]string{"tessera.io/gpu": "0"}).Obj()); s.IsSuccess() {
 		t.Error("an invalid request was signed")
+	}
+}
+
+// TestFilterCatchesUpWithSnapshot covers the moment when the scheduler's
+// snapshot is ahead of the ledger's informer handler.
+func TestFilterCatchesUpWithSnapshot(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	h := newHarness(t, nil, node)
+	pod := gpuPod("p", testutil.Cards(1)).Obj()
+
+	// A pod the API has already deleted still holds the card in the ledger.
+	gone := &gpuinfo.Assignment{Version: 1, Containers: map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: 81920, Cores: 100}}}}
+	h.plugin.ledger.AddPod("deleted-already", "n", []gpuinfo.NamedContainer{{Name: "c"}}, gone, false)
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, pod, nil)
+	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(node)); !s.IsSuccess() {
+		t.Errorf("Filter did not drop a pod missing from the API: %v", s)
+	}
+	if h.plugin.ledger.Holds("deleted-already") {
+		t.Error("the deleted pod is still in the ledger")
+	}
+
+	// The snapshot shows a second card the ledger has not recorded yet.
+	two := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 2))
+	pair := gpuPod("pair", testutil.Cards(2)).Obj()
+	state = framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, pair, nil)
+	if s := h.plugin.Filter(h.ctx, state, pair, nodeInfo(two)); !s.IsSuccess() {
+		t.Errorf("Filter ignored the snapshot's newer inventory: %v", s)
 	}
 }

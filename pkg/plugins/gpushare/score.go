@@ -27,8 +27,7 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 	if s == nil {
 		return 0, nil
 	}
-	name := nodeInfo.Node().Name
-	out, err := p.ledger.Fit(name, s.req, s.deltas[name], p.gpuPolicy)
+	out, err := p.fit(s, nodeInfo.Node())
 	if err != nil || !out.Fits {
 		return 0, nil
 	}

@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+)
+
+// burstSizes is the mix of a burst: fractional, whole and multi-card pods.
+// 100 of each of 5 sizes; over 400 A100s they need about 260 cards.
+var burstSizes = []map[string]int64{
+	{"tessera.io/gpu-memory": 8192, "tessera.io/gpu-cores": 10},
+	{"tessera.io/gpu-memory": 20480, "tessera.io/gpu-cores": 25},
+	{"tessera.io/gpu-memory-percent": 50, "tessera.io/gpu-cores": 50},
+	{"tessera.io/gpu": 1},
+	{"tessera.io/gpu": 2},
+}
+
+// createBurst creates n pods of mixed sizes and returns their names.
+func (e *env) createBurst(n int, scheduler string) []string {
+	var names []string
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("burst-%03d", i)
+		names = append(names, name)
+		e.create(e.podSpec(name, scheduler, burstSizes[i%len(burstSizes)]))
+	}
+	return names
+}
+
+// countBound returns how many of the namespace's pods are bound.
+func (e *env) countBound() (int, error) {
+	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
+	if err != nil {
+		return 0, err
+	}
+	bound := 0
+	for _, p := range pods.Items {
+		if p.Spec.NodeName != "" {
+			bound++
+		}
+	}
+	return bound, nil
+}
+
+func TestBurst(t *testing.T) {
+	e := newEnv(t)
+	for i := 0; i < 50; i++ {
+		e.node(fmt.Sprint("n", i), cluster.A100, 8, nil)
+	}
+	e.startScheduler()
+	start := time.Now()
+	names := e.createBurst(500, "tessera-binpack")
+	e.waitBound(120*time.Second, names...)
+	elapsed := time.Since(start)
+	t.Logf("500 pods bound in %v: %.0f pods/s (creation included)", elapsed.Round(time.Millisecond), 500/elapsed.Seconds())
+	if got := e.checkNoOvercommit(t); got != 500 {
+		t.Errorf("%d GPU pods bound, want 500", got)
+	}
+}
+
+// replica is a scheduler replica running as its own process (the test
+// binary re-executed as the scheduler command), since kube-scheduler exits
+// its process when it stops leading.
+type replica struct {
+	cmd *exec.Cmd
+}
+
+func (e *env) startReplica(t *testing.T, name string, args ...string) *replica {
+	t.Helper()
+	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), replicaArgsEnv+"="+strings.Join(args, "\x00"))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{cmd: cmd}
+	t.Cleanup(func() {
+		r.kill()
+		log.Close()
+		if t.Failed() {
+			if out, err := os.ReadFile(log.Name()); err == nil {
+				t.Logf("%s log tail:\n%s", name, tail(string(out), 4000))
+			}
+		}
+	})
+	return r
+}
+
+func (r *replica) kill() {
+	if r.cmd.ProcessState == nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func TestLeaderFailoverMidBurst(t *testing.T) {
+	e := newEnv(t)
+	for i := 0; i < 20; i++ {
+		e.node(fmt.Sprint("n", i), cluster.A100, 8, nil)
+	}
+	if _, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tessera-system"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	lease := "tessera-scheduler-" + e.ns
+	args := []string{
+		"--config=" + e.config, "--secure-port=0", "--leader-elect=true",
+		"--leader-elect-resource-name=" + lease,
+		"--leader-elect-lease-duration=2s", "--leader-elect-renew-deadline=1500ms", "--leader-elect-retry-period=200ms",
+	}
+	leader := e.startReplica(t, "replica-a", args...)
+	var holder string
+	e.waitFor(60*time.Second, "the first replica to lead", func() (bool, error) {
+		l, err := e.client.CoordinationV1().Leases("tessera-system").Get(e.tCtx, lease, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		holder = *l.Spec.HolderIdentity
+		return holder != "", nil
+	})
+	e.startReplica(t, "replica-b", args...)
+	names := e.createBurst(200, "tessera-binpack")
+	e.waitFor(60*time.Second, "a quarter of the burst to be bound", func() (bool, error) {
+		n, err := e.countBound()
+		return n >= 50, err
+	})
+	leader.kill()
+	killedAt := time.Now()
+	e.waitBound(90*time.Second, names...)
+	t.Logf("burst finished %v after the leader was killed", time.Since(killedAt).Round(time.Millisecond))
+	l, err := e.client.CoordinationV1().Leases("tessera-system").Get(e.tCtx, lease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *l.Spec.HolderIdentity == holder {
+		t.Errorf("the killed replica %s still holds the lease", holder)
+	}
+	if got := e.checkNoOvercommit(t); got != 200 {
+		t.Errorf("%d GPU pods bound, want 200", got)
+	}
+}
