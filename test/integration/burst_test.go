@@ -26,10 +26,11 @@ var burstSizes = []map[string]int64{
 	{"tessera.io/gpu": 2},
 }
 
-// createBurst creates n pods of mixed sizes and returns their names.
-func (e *env) createBurst(n int, scheduler string) []string {
+// createBurst creates pods first to first+n-1 of mixed sizes and returns
+// their names.
+func (e *env) createBurst(first, n int, scheduler string) []string {
 	var names []string
-	for i := 0; i < n; i++ {
+	for i := first; i < first+n; i++ {
 		name := fmt.Sprintf("burst-%03d", i)
 		names = append(names, name)
 		e.create(e.podSpec(name, scheduler, burstSizes[i%len(burstSizes)]))
@@ -59,7 +60,7 @@ func TestBurst(t *testing.T) {
 	}
 	e.startScheduler()
 	start := time.Now()
-	names := e.createBurst(500, "tessera-binpack")
+	names := e.createBurst(0, 500, "tessera-binpack")
 	e.waitBound(120*time.Second, names...)
 	elapsed := time.Since(start)
 	t.Logf("500 pods bound in %v: %.0f pods/s (creation included)", elapsed.Round(time.Millisecond), 500/elapsed.Seconds())
@@ -82,7 +83,7 @@ func (e *env) startReplica(t *testing.T, name string, args ...string) *replica {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), replicaArgsEnv+"="+strings.Join(args, "\x00"))
+	cmd.Env = append(os.Environ(), replicaArgsEnv+"="+strings.Join(args, "\n"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -142,13 +143,16 @@ func TestLeaderFailoverMidBurst(t *testing.T) {
 		return holder != "", nil
 	})
 	e.startReplica(t, "replica-b", args...)
-	names := e.createBurst(200, "tessera-binpack")
-	e.waitFor(60*time.Second, "a quarter of the burst to be bound", func() (bool, error) {
+	// The burst's first half goes to the leader, which is killed while
+	// binding it; the second half arrives when only the standby is left.
+	names := e.createBurst(0, 100, "tessera-binpack")
+	e.waitFor(60*time.Second, "the leader to bind part of the burst", func() (bool, error) {
 		n, err := e.countBound()
-		return n >= 50, err
+		return n >= 20, err
 	})
 	leader.kill()
 	killedAt := time.Now()
+	names = append(names, e.createBurst(100, 100, "tessera-binpack")...)
 	e.waitBound(90*time.Second, names...)
 	t.Logf("burst finished %v after the leader was killed", time.Since(killedAt).Round(time.Millisecond))
 	l, err := e.client.CoordinationV1().Leases("tessera-system").Get(e.tCtx, lease, metav1.GetOptions{})

@@ -28,7 +28,7 @@ import (
 )
 
 // replicaArgsEnv, when set, makes the test binary run as a scheduler replica
-// with these NUL-separated arguments instead of running tests.
+// with these newline-separated arguments instead of running tests.
 const replicaArgsEnv = "TESSERA_TEST_SCHEDULER_ARGS"
 
 // shippedConfig is the scheduler configuration the project ships.
@@ -38,7 +38,7 @@ var controlPlane *cluster.ControlPlane
 
 func TestMain(m *testing.M) {
 	if args, ok := os.LookupEnv(replicaArgsEnv); ok {
-		os.Args = append([]string{"tessera-scheduler"}, strings.Split(args, "\x00")...)
+		os.Args = append([]string{"tessera-scheduler"}, strings.Split(args, "\n")...)
 		os.Exit(cli.Run(schedulercmd.NewCommand()))
 	}
 	flag.Parse()
