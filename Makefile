@@ -8,13 +8,18 @@ RACE_PKGS := ./pkg/plugins/... ./pkg/ledger/... ./pkg/allocator/... ./pkg/gpuinf
 FUZZTIME ?= 10s
 FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 
-.PHONY: all build test test-unit test-race fuzz bench lint clean
+.PHONY: all build demo test test-unit test-race fuzz bench lint clean
 
 all: build
 
 ## build: the scheduler binary into bin/
 build:
 	$(GO) build -o $(BIN)/tessera-scheduler ./cmd/scheduler
+
+## demo: an embedded control plane, simulated GPU nodes, the scheduler, the example pods and a placement table
+## (make demo ARGS=--once prints the table once and exits)
+demo:
+	$(GO) run ./cmd/demo $(ARGS)
 
 ## test: every test; the race detector on the plugin and contract packages; each fuzz target briefly
 test: test-unit test-race fuzz

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"regexp"
+	"strings"
+	"testing"
+
+	"k8s.io/kubernetes/test/utils/ktesting"
+)
+
+// TestDemoOnce runs `demo --once` end to end, so the newcomer's first
+// command cannot rot.
+func TestDemoOnce(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	var out bytes.Buffer
+	err := run(tCtx, options{once: true, examples: "../../manifests/examples", config: "../../config/scheduler-config.yaml", workDir: t.TempDir()}, &out)
+	if err != nil {
+		t.Fatalf("demo failed: %v\n%s", err, out.String())
+	}
+	got := out.String()
+	t.Log("\n" + got)
+	for _, want := range []*regexp.Regexp{
+		// binpack: inference replicas share a card.
+		regexp.MustCompile(`(?m)^\S+\s+\d+\s+.*llm-inference-\d, llm-inference-\d$`),
+		// spread: the notebooks get a card each.
+		regexp.MustCompile(`(?m)^.*notebook-alice$`),
+		regexp.MustCompile(`(?m)^.*notebook-bob$`),
+		// model selector: the 4-card job is on H100s.
+		regexp.MustCompile(`(?m)^h100-node\s+\d\s+NVIDIA H100.*pretrain-h100$`),
+		regexp.MustCompile(`(?m)^t4-node\s+\d\s+Tesla T4.*video-pipeline$`),
+		regexp.MustCompile(`default/too-big: .*no GPU has 163840 MiB free`),
+		regexp.MustCompile(`default/web on `),
+	} {
+		if !want.MatchString(got) {
+			t.Errorf("output does not match %s", want)
+		}
+	}
+	if n := strings.Count(got, "pretrain-h100"); n != 4 {
+		t.Errorf("pretrain-h100 appears on %d cards, want 4", n)
+	}
+}
