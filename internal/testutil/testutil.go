@@ -3,6 +3,7 @@ package testutil
 
 import (
 	"fmt"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
@@ -30,6 +31,12 @@ func MustEncode(inv *gpuinfo.Inventory) string {
 		panic(err)
 	}
 	return raw
+}
+
+// EmptyCards returns an inventory annotation of version 1 listing n empty
+// card objects: hostile input, small enough for the API server to accept.
+func EmptyCards(n int) string {
+	return `{"version":1,"cards":[` + strings.TrimSuffix(strings.Repeat(`{},`, n), ",") + `]}`
 }
 
 // GPUNode returns a node with ample CPU and memory and the inventory annotation.

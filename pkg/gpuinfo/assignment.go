@@ -1,7 +1,6 @@
 package gpuinfo
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 )
@@ -32,27 +31,15 @@ type CardAssignment struct {
 
 // DecodeAssignment parses and validates an assignment annotation.
 func DecodeAssignment(raw string) (*Assignment, error) {
-	if len(raw) > MaxAnnotationBytes {
-		return nil, fmt.Errorf("%s: %d bytes is larger than the %d allowed", AssignmentAnnotation, len(raw), MaxAnnotationBytes)
-	}
 	var a Assignment
-	if err := json.Unmarshal([]byte(raw), &a); err != nil {
-		return nil, fmt.Errorf("%s: invalid JSON: %w", AssignmentAnnotation, err)
-	}
-	if err := a.Validate(); err != nil {
+	if err := decodeAnnotation(AssignmentAnnotation, raw, &a); err != nil {
 		return nil, err
 	}
 	return &a, nil
 }
 
 // Encode returns the annotation value for the assignment.
-func (a *Assignment) Encode() (string, error) {
-	if err := a.Validate(); err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(a)
-	return string(b), err
-}
+func (a *Assignment) Encode() (string, error) { return encodeAnnotation(a) }
 
 // Validate reports the first problem of the assignment, naming the field.
 func (a *Assignment) Validate() error {

@@ -60,7 +60,7 @@ func TestDecodeInventoryErrors(t *testing.T) {
 		{"duplicate uuid", `{"version":1,"cards":[
 			{"index":0,"uuid":"a","model":"T4","memoryMiB":1,"cores":100},
 			{"index":1,"uuid":"a","model":"T4","memoryMiB":1,"cores":100}]}`, `cards[1].uuid: "a" appears twice`},
-		{"10,000 cards", tooManyCards(10000), "10000 cards is more than the 64 allowed"},
+		{"10,000 cards", testutil.EmptyCards(10000), "10000 cards is more than the 64 allowed"},
 		{"oversized", `{"version":1,"cards":[],"pad":"` + strings.Repeat("x", gpuinfo.MaxAnnotationBytes) + `"}`, "larger than"},
 	}
 	for _, tc := range tests {
@@ -74,19 +74,6 @@ func TestDecodeInventoryErrors(t *testing.T) {
 			}
 		})
 	}
-}
-
-func tooManyCards(n int) string {
-	var b strings.Builder
-	b.WriteString(`{"version":1,"cards":[`)
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`{}`)
-	}
-	b.WriteString(`]}`)
-	return b.String()
 }
 
 func TestAssignmentRoundTrip(t *testing.T) {

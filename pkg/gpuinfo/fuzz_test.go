@@ -19,22 +19,28 @@ func FuzzDecodeInventory(f *testing.F) {
 	f.Add(`{"version":1,"cards":null}`)
 	f.Add(`null`)
 	f.Fuzz(func(t *testing.T, raw string) {
-		inv, err := gpuinfo.DecodeInventory(raw)
-		if err != nil {
-			return
-		}
-		again, err := inv.Encode()
-		if err != nil {
-			t.Fatalf("decoded inventory does not encode: %v", err)
-		}
-		back, err := gpuinfo.DecodeInventory(again)
-		if err != nil {
-			t.Fatalf("re-encoded inventory does not decode: %v", err)
-		}
-		if diff := cmp.Diff(inv, back); diff != "" {
-			t.Fatalf("round trip (-want,+got):\n%s", diff)
-		}
+		checkRoundTrip(t, raw, gpuinfo.DecodeInventory, (*gpuinfo.Inventory).Encode)
 	})
+}
+
+// checkRoundTrip decodes raw; whatever decodes must encode, decode again and
+// come back unchanged.
+func checkRoundTrip[T any](t *testing.T, raw string, decode func(string) (*T, error), encode func(*T) (string, error)) {
+	v, err := decode(raw)
+	if err != nil {
+		return
+	}
+	again, err := encode(v)
+	if err != nil {
+		t.Fatalf("decoded value does not encode: %v", err)
+	}
+	back, err := decode(again)
+	if err != nil {
+		t.Fatalf("re-encoded value does not decode: %v", err)
+	}
+	if diff := cmp.Diff(v, back); diff != "" {
+		t.Fatalf("round trip (-want,+got):\n%s", diff)
+	}
 }
 
 // FuzzDecodeAssignment is FuzzDecodeInventory for assignments.
@@ -43,21 +49,7 @@ func FuzzDecodeAssignment(f *testing.F) {
 	f.Add(`{"version":1,"containers":{"":[{"index":0,"uuid":"a","memoryMiB":1}]}}`)
 	f.Add(`{"version":1,"containers":{"c":[{"index":70,"uuid":"a","memoryMiB":1}]}}`)
 	f.Fuzz(func(t *testing.T, raw string) {
-		a, err := gpuinfo.DecodeAssignment(raw)
-		if err != nil {
-			return
-		}
-		again, err := a.Encode()
-		if err != nil {
-			t.Fatalf("decoded assignment does not encode: %v", err)
-		}
-		back, err := gpuinfo.DecodeAssignment(again)
-		if err != nil {
-			t.Fatalf("re-encoded assignment does not decode: %v", err)
-		}
-		if diff := cmp.Diff(a, back); diff != "" {
-			t.Fatalf("round trip (-want,+got):\n%s", diff)
-		}
+		checkRoundTrip(t, raw, gpuinfo.DecodeAssignment, (*gpuinfo.Assignment).Encode)
 	})
 }
 

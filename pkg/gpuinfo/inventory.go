@@ -1,7 +1,6 @@
 package gpuinfo
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 )
@@ -40,14 +39,8 @@ type Card struct {
 // DecodeInventory parses and validates an inventory annotation. The cards of
 // the result are sorted by index.
 func DecodeInventory(raw string) (*Inventory, error) {
-	if len(raw) > MaxAnnotationBytes {
-		return nil, fmt.Errorf("%s: %d bytes is larger than the %d allowed", InventoryAnnotation, len(raw), MaxAnnotationBytes)
-	}
 	var inv Inventory
-	if err := json.Unmarshal([]byte(raw), &inv); err != nil {
-		return nil, fmt.Errorf("%s: invalid JSON: %w", InventoryAnnotation, err)
-	}
-	if err := inv.Validate(); err != nil {
+	if err := decodeAnnotation(InventoryAnnotation, raw, &inv); err != nil {
 		return nil, err
 	}
 	sort.Slice(inv.Cards, func(i, j int) bool { return inv.Cards[i].Index < inv.Cards[j].Index })
@@ -55,13 +48,7 @@ func DecodeInventory(raw string) (*Inventory, error) {
 }
 
 // Encode returns the annotation value for the inventory.
-func (inv *Inventory) Encode() (string, error) {
-	if err := inv.Validate(); err != nil {
-		return "", err
-	}
-	b, err := json.Marshal(inv)
-	return string(b), err
-}
+func (inv *Inventory) Encode() (string, error) { return encodeAnnotation(inv) }
 
 // Validate reports the first problem of the inventory, naming the field.
 func (inv *Inventory) Validate() error {

@@ -11,21 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
-
-func hostileCards(n int) string {
-	var b strings.Builder
-	b.WriteString(`{"version":1,"cards":[`)
-	for i := 0; i < n; i++ {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(`{}`) // kept small: the API server caps annotations at 256 KiB
-	}
-	b.WriteString(`]}`)
-	return b.String()
-}
 
 func TestBadInventoriesAreReportedAndSkipped(t *testing.T) {
 	e := newEnv(t)
@@ -33,7 +21,7 @@ func TestBadInventoriesAreReportedAndSkipped(t *testing.T) {
 	bad := map[string]string{
 		"not-json":  `{"version":1,"cards":[`,
 		"negative":  `{"version":1,"cards":[{"index":0,"uuid":"u","model":"X","memoryMiB":-81920,"cores":100,"healthy":true}]}`,
-		"10k-cards": hostileCards(10000),
+		"10k-cards": testutil.EmptyCards(10000),
 		"dup-index": `{"version":1,"cards":[{"index":0,"uuid":"a","model":"X","memoryMiB":81920,"cores":100,"healthy":true},{"index":0,"uuid":"b","model":"X","memoryMiB":81920,"cores":100,"healthy":true}]}`,
 	}
 	for suffix, raw := range bad {
