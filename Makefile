@@ -12,9 +12,10 @@ FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 
 all: build
 
-## build: the scheduler binary into bin/
+## build: the scheduler and the node agent into bin/
 build:
 	$(GO) build -o $(BIN)/tessera-scheduler ./cmd/scheduler
+	$(GO) build -o $(BIN)/node-agent ./node-agent/cmd/node-agent
 
 ## demo: an embedded control plane, simulated GPU nodes, the scheduler, the example pods and a placement table
 ## (make demo ARGS=--once prints the table once and exits)

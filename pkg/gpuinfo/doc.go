@@ -26,6 +26,10 @@ const (
 	// UUIDExcludeAnnotation excludes the listed card UUIDs.
 	UUIDExcludeAnnotation = Domain + "/gpu-uuid-exclude"
 
+	// AgentLeasePrefix starts the name of each node agent's heartbeat Lease,
+	// "tessera-agent-<node>", in the agent's namespace.
+	AgentLeasePrefix = "tessera-agent-"
+
 	// FullCores is the compute share of a whole card, in percent. A container
 	// asking for FullCores holds its cards exclusively.
 	FullCores = 100

@@ -1,0 +1,86 @@
+// Command node-agent runs on every GPU node: it discovers the cards (through
+// NVML, or simulated ones), publishes the node's tessera.io/gpu-inventory
+// annotation when it changes, and renews a heartbeat Lease.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/node-agent/agent"
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/publish"
+)
+
+func main() {
+	klog.InitFlags(nil)
+	nodeName := flag.String("node-name", os.Getenv("NODE_NAME"), "this node's name (set NODE_NAME from the downward API)")
+	namespace := flag.String("namespace", envOr("POD_NAMESPACE", "tessera-system"), "namespace of the heartbeat Lease")
+	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
+	simulated := flag.String("simulated-gpus", "", "simulate cards instead of using NVML, e.g. 8xA100-80GB or 4xT4-16GB,2xL4-24GB")
+	rescan := flag.Duration("rescan-interval", 30*time.Second, "how often to rescan cards (hot-plug, driver reload)")
+	heartbeat := flag.Duration("heartbeat-interval", 10*time.Second, "how often to renew the heartbeat Lease")
+	leaseDuration := flag.Duration("lease-duration", 40*time.Second, "lease duration written into the Lease")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration); err != nil {
+		klog.ErrorS(err, "Node agent failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	klog.Flush()
+}
+
+func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration time.Duration) error {
+	if nodeName == "" {
+		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	if rescan <= 0 || heartbeat <= 0 || leaseDuration < heartbeat {
+		return fmt.Errorf("intervals must be positive and --lease-duration (%v) at least --heartbeat-interval (%v)", leaseDuration, heartbeat)
+	}
+	var backend discovery.Backend
+	var err error
+	if simulated != "" {
+		backend, err = discovery.NewSimulated(nodeName, simulated)
+	} else {
+		backend, err = discovery.NewNVML(nvml.New())
+	}
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return fmt.Errorf("API client configuration: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	a := &agent.Agent{
+		Backend:           backend,
+		Publisher:         &publish.Publisher{Client: client, NodeName: nodeName, Namespace: namespace, LeaseDuration: leaseDuration},
+		RescanInterval:    rescan,
+		HeartbeatInterval: heartbeat,
+	}
+	a.Run(ctx)
+	return nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

@@ -1,0 +1,147 @@
+package discovery
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+func TestSimulated(t *testing.T) {
+	tests := []struct {
+		spec    string
+		want    []Card
+		wantErr string
+	}{
+		{spec: "2xT4-16GB", want: []Card{
+			{Index: 0, UUID: "GPU-sim-n-0", Model: "Tesla T4", MemoryMiB: 15360, NUMANode: -1, Healthy: true},
+			{Index: 1, UUID: "GPU-sim-n-1", Model: "Tesla T4", MemoryMiB: 15360, NUMANode: -1, Healthy: true},
+		}},
+		{spec: "1xA100-80GB, 1xRTX6000-48GB", want: []Card{
+			{Index: 0, UUID: "GPU-sim-n-0", Model: "NVIDIA A100-SXM4-80GB", MemoryMiB: 81920, NUMANode: -1, Healthy: true},
+			{Index: 1, UUID: "GPU-sim-n-1", Model: "RTX6000", MemoryMiB: 49152, NUMANode: -1, Healthy: true},
+		}},
+		{spec: "8", wantErr: "want COUNTxMODEL-MEMORYGB"},
+		{spec: "0xT4-16GB", wantErr: "want COUNTxMODEL-MEMORYGB"},
+		{spec: "2xT4", wantErr: `model "T4": want NAME-<N>GB`},
+		{spec: "2xT4-lotsGB", wantErr: "memory must be a whole number"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.spec, func(t *testing.T) {
+			s, err := NewSimulated("n", tc.spec)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := s.Cards()
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("cards (-want,+got):\n%s", diff)
+			}
+			if err := Inventory(got).Validate(); err != nil {
+				t.Errorf("inventory of simulated cards is invalid: %v", err)
+			}
+		})
+	}
+}
+
+func TestNVMLWithMockDGXA100(t *testing.T) {
+	server := dgxa100.New()
+	n, err := NewNVML(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	// Card 0's NUMA node comes from sysfs, found by its PCI bus ID.
+	n.sysfsPCI = t.TempDir()
+	dev, _ := server.DeviceGetHandleByIndex(0)
+	pci, _ := dev.GetPciInfo()
+	dir := filepath.Join(n.sysfsPCI, busID(pci))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte("1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cards, err := n.Cards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cards) != 8 {
+		t.Fatalf("%d cards, want 8", len(cards))
+	}
+	uuids := map[string]bool{}
+	for i, c := range cards {
+		if c.Index != i || !strings.Contains(c.Model, "NVIDIA A100-SXM4-40GB") || c.MemoryMiB != 40960 || !c.Healthy || c.MIGEnabled {
+			t.Errorf("card %d = %+v", i, c)
+		}
+		uuids[c.UUID] = true
+	}
+	if len(uuids) != 8 {
+		t.Errorf("UUIDs not distinct: %v", uuids)
+	}
+	if cards[0].NUMANode != 1 {
+		t.Errorf("card 0's NUMA node = %d, want 1 (from sysfs)", cards[0].NUMANode)
+	}
+	if got := n.numaNode("0000:ff:00.0"); got != -1 {
+		t.Errorf("NUMA node of a card sysfs does not know = %d, want -1", got)
+	}
+	if err := Inventory(cards).Validate(); err != nil {
+		t.Errorf("inventory is invalid: %v", err)
+	}
+	if !strings.HasPrefix(n.Name(), "nvml (driver 550.54.15") {
+		t.Errorf("Name() = %q", n.Name())
+	}
+}
+
+func TestNVMLWithoutDriver(t *testing.T) {
+	lib := &mock.Interface{
+		InitFunc:        func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND },
+		ErrorStringFunc: func(r nvml.Return) string { return "library not found" },
+	}
+	if _, err := NewNVML(lib); !errors.Is(err, ErrNoDriver) {
+		t.Errorf("NewNVML = %v, want ErrNoDriver", err)
+	}
+}
+
+// TestRealNVML discovers the machine's own GPUs; it skips itself where no
+// NVIDIA driver is installed.
+func TestRealNVML(t *testing.T) {
+	n, err := NewNVML(nvml.New())
+	if errors.Is(err, ErrNoDriver) {
+		t.Skip("no NVIDIA driver on this machine: real NVML discovery not exercised")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	cards, err := n.Cards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: %+v", n.Name(), cards)
+	if len(cards) == 0 {
+		t.Fatal("NVML initialized but reported no GPUs")
+	}
+	inv := Inventory(cards)
+	if err := inv.Validate(); err != nil {
+		t.Fatalf("inventory is invalid: %v", err)
+	}
+	for _, c := range inv.Cards {
+		if c.MemoryMiB < 1024 || c.Cores != gpuinfo.FullCores {
+			t.Errorf("card %+v looks wrong", c)
+		}
+	}
+}

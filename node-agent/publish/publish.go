@@ -1,0 +1,109 @@
+// Package publish writes what the node agent knows to the API: the node's
+// inventory annotation, patched only when it changes (every node write wakes
+// every scheduler), and a heartbeat Lease renewed on an interval.
+package publish
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// Publisher publishes one node's inventory and heartbeat.
+type Publisher struct {
+	Client    kubernetes.Interface
+	NodeName  string
+	Namespace string
+	// LeaseDuration is written into the Lease for readers; the scheduler
+	// applies its own timeout.
+	LeaseDuration time.Duration
+	// Now returns the current time; time.Now when nil.
+	Now func() time.Time
+}
+
+// PublishInventory sets the node's inventory annotation to inv unless the
+// node already carries exactly that value. It reports whether it wrote.
+func (p *Publisher) PublishInventory(ctx context.Context, inv *gpuinfo.Inventory) (bool, error) {
+	raw, err := inv.Encode()
+	if err != nil {
+		return false, fmt.Errorf("encoding the inventory: %w", err)
+	}
+	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("reading node %s: %w", p.NodeName, err)
+	}
+	if current, ok := node.Annotations[gpuinfo.InventoryAnnotation]; ok && current == raw {
+		return false, nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpuinfo.InventoryAnnotation: raw}}})
+	if err != nil {
+		return false, err
+	}
+	if _, err := p.Client.CoreV1().Nodes().Patch(ctx, p.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return false, fmt.Errorf("patching node %s: %w", p.NodeName, err)
+	}
+	return true, nil
+}
+
+// LeaseName is the node's heartbeat Lease.
+func (p *Publisher) LeaseName() string { return gpuinfo.AgentLeasePrefix + p.NodeName }
+
+// Heartbeat creates or renews the node's Lease. A new Lease is owned by the
+// Node, so it goes away with it.
+func (p *Publisher) Heartbeat(ctx context.Context) error {
+	now := metav1.NewMicroTime(p.now())
+	leases := p.Client.CoordinationV1().Leases(p.Namespace)
+	lease, err := leases.Get(ctx, p.LeaseName(), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading node %s: %w", p.NodeName, err)
+		}
+		lease = &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: p.LeaseName(), Namespace: p.Namespace,
+				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: node.Name, UID: node.UID}},
+			},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity:       ptr.To(p.NodeName),
+				LeaseDurationSeconds: ptr.To(int32(p.LeaseDuration / time.Second)),
+				AcquireTime:          &now,
+				RenewTime:            &now,
+			},
+		}
+		_, err = leases.Create(ctx, lease, metav1.CreateOptions{})
+		return wrap(err, "creating", p)
+	}
+	if err != nil {
+		return wrap(err, "reading", p)
+	}
+	lease.Spec.RenewTime = &now
+	lease.Spec.HolderIdentity = ptr.To(p.NodeName)
+	lease.Spec.LeaseDurationSeconds = ptr.To(int32(p.LeaseDuration / time.Second))
+	_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+	return wrap(err, "renewing", p)
+}
+
+func (p *Publisher) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
+}
+
+func wrap(err error, verb string, p *Publisher) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s lease %s/%s: %w", verb, p.Namespace, p.LeaseName(), err)
+}

@@ -1,0 +1,79 @@
+package integration
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/node-agent/agent"
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/publish"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// TestAgentPublishesInventoryAndHeartbeat runs the node agent's publishing
+// against the real API server with the simulated backend, and the scheduler
+// on what it published.
+func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
+	e := newEnv(t)
+	name := e.ns + "-agent"
+	if _, err := cluster.CreateGPUNode(e.tCtx, e.client, name, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.nodes = append(e.nodes, name)
+	clock := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	pub := &publish.Publisher{Client: e.client, NodeName: name, Namespace: e.ns, LeaseDuration: 40 * time.Second, Now: func() time.Time { return clock }}
+	backend := func(spec string) discovery.Backend {
+		b, err := discovery.NewSimulated(name, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a := &agent.Agent{Backend: backend("2xL4-24GB"), Publisher: pub}
+	if err := a.Once(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	node, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := gpuinfo.DecodeInventory(node.Annotations[gpuinfo.InventoryAnnotation])
+	if err != nil || len(inv.Cards) != 2 {
+		t.Fatalf("published inventory = %+v, %v; want 2 cards", inv, err)
+	}
+
+	// Unchanged cards: no node write, but the lease is renewed.
+	clock = clock.Add(10 * time.Second)
+	if err := a.Once(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ResourceVersion != node.ResourceVersion {
+		t.Errorf("the node was written although its cards did not change (%s -> %s)", node.ResourceVersion, again.ResourceVersion)
+	}
+	lease, err := e.client.CoordinationV1().Leases(e.ns).Get(e.tCtx, pub.LeaseName(), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lease.Spec.RenewTime.Time.Equal(clock) || *lease.Spec.HolderIdentity != name || lease.OwnerReferences[0].UID != node.UID {
+		t.Errorf("lease = %+v, want renewed at %v, held by and owned by the node", lease.Spec, clock)
+	}
+
+	// A card appears (hot-plug): the inventory follows, and the scheduler
+	// places a pod that needs all three.
+	a.Backend = backend("3xL4-24GB")
+	if err := a.Once(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	e.startScheduler()
+	e.create(e.podSpec("three", "tessera-binpack", map[string]int64{"tessera.io/gpu": 3}))
+	if p := placementOf(t, e.waitBound(30*time.Second, "three")["three"]); p.Node != name || len(p.Cards) != 3 {
+		t.Errorf("placement %+v, want 3 cards on %s", p, name)
+	}
+}
