@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,4 +78,33 @@ func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 	if p := placementOf(t, e.waitBound(30*time.Second, "three")["three"]); p.Node != name || len(p.Cards) != 3 {
 		t.Errorf("placement %+v, want 3 cards on %s", p, name)
 	}
+}
+
+// TestSilentAgentNodeGetsNoPodsUntilItReports: a node whose agent's Lease is
+// stale gets no GPU pods, says why, and the waiting pod is bound as soon as
+// the agent renews its Lease.
+func TestSilentAgentNodeGetsNoPodsUntilItReports(t *testing.T) {
+	e := newEnv(t)
+	name := e.node("quiet", cluster.A100, 1, nil)
+	e.ensureNamespace("tessera-system")
+	past := time.Now().Add(-10 * time.Minute)
+	pub := &publish.Publisher{Client: e.client, NodeName: name, Namespace: "tessera-system", LeaseDuration: 40 * time.Second, Now: func() time.Time { return past }}
+	if err := pub.Heartbeat(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = e.client.CoordinationV1().Leases("tessera-system").Delete(context.Background(), pub.LeaseName(), metav1.DeleteOptions{})
+	})
+	e.startScheduler()
+	e.create(e.podSpec("waiting", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1}))
+	if msg := e.waitUnschedulable("waiting"); !strings.Contains(msg, "GPU agent on node "+name+" not reporting for 10m") {
+		t.Errorf("message %q does not name the silent agent", msg)
+	}
+	pub.Now = time.Now
+	if err := pub.Heartbeat(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	e.waitBound(5*time.Second, "waiting")
+	t.Logf("bound %v after the agent reported again", time.Since(start).Round(time.Millisecond))
 }

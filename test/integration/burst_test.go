@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -120,9 +119,7 @@ func TestLeaderFailoverMidBurst(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		e.node(fmt.Sprint("n", i), cluster.A100, 8, nil)
 	}
-	if _, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tessera-system"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	e.ensureNamespace("tessera-system")
 	lease := "tessera-scheduler-" + e.ns
 	args := []string{
 		"--config=" + e.config, "--secure-port=0", "--leader-elect=true",

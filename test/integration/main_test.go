@@ -138,6 +138,15 @@ func (e *env) podSpec(name, scheduler string, limits map[string]int64) *v1.Pod {
 	return pod
 }
 
+// ensureNamespace creates a namespace shared by tests, if it is missing.
+func (e *env) ensureNamespace(name string) {
+	e.tCtx.Helper()
+	_, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		e.tCtx.Fatal(err)
+	}
+}
+
 func (e *env) create(pod *v1.Pod) *v1.Pod {
 	e.tCtx.Helper()
 	created, err := e.client.CoreV1().Pods(e.ns).Create(e.tCtx, pod, metav1.CreateOptions{})

@@ -26,6 +26,11 @@ type GPUShareArgs struct {
 	GPUPolicy Policy
 	// ResourceNames are the container resource names pods ask with.
 	ResourceNames ResourceNames
+	// AgentHeartbeatTimeout is how long a node agent's heartbeat Lease may go
+	// unrenewed before its node gets no new GPU pods; 0 disables the check.
+	AgentHeartbeatTimeout metav1.Duration
+	// AgentNamespace is where the node agents' Leases live.
+	AgentNamespace string
 }
 
 // ResourceNames are the container resource names of a GPU request.

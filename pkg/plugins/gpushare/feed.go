@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
+	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -28,9 +32,12 @@ const (
 // profiles of one scheduler share one feed, so a card reserved by one profile
 // is taken for every other.
 type feed struct {
-	ledger   *ledger.Ledger
-	recorder events.EventRecorder
-	logger   klog.Logger
+	heartbeats
+	// agentNamespace is where the agents' Leases are watched.
+	agentNamespace string
+	ledger         *ledger.Ledger
+	recorder       events.EventRecorder
+	logger         klog.Logger
 	// pods indexes the scheduler's pod informer by UID.
 	pods cache.Indexer
 	// handlers are the informer registrations; synced is set once they have
@@ -45,15 +52,21 @@ var (
 )
 
 // feedFor returns the feed of the handle's informer factory, creating it and
-// registering its handlers on first use.
-func feedFor(ctx context.Context, h fwk.Handle) (*feed, error) {
+// registering its handlers on first use. Every profile must watch the agents'
+// Leases in the same namespace.
+func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, error) {
 	feedsMu.Lock()
 	defer feedsMu.Unlock()
 	factory := h.SharedInformerFactory()
 	if f := feeds[factory]; f != nil {
+		if f.agentNamespace != agentNamespace {
+			return nil, fmt.Errorf("%s: agentNamespace %q differs from another profile's %q; all profiles must use one", Name, agentNamespace, f.agentNamespace)
+		}
 		return f, nil
 	}
-	f := &feed{ledger: ledger.New(), recorder: h.EventRecorder(), logger: klog.FromContext(ctx).WithName(Name)}
+	logger := klog.FromContext(ctx).WithName(Name)
+	f := &feed{ledger: ledger.New(), recorder: h.EventRecorder(), logger: logger, agentNamespace: agentNamespace}
+	f.heartbeats.activator, f.heartbeats.logger = h, logger
 	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    f.onNode,
 		UpdateFunc: func(_, obj any) { f.onNode(obj) },
@@ -75,7 +88,18 @@ func feedFor(ctx context.Context, h fwk.Handle) (*feed, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}
-	f.handlers = []cache.ResourceEventHandlerRegistration{nodes, pods}
+	leaseInformer := factory.InformerFor(&coordinationv1.Lease{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coordinationinformers.NewFilteredLeaseInformer(c, agentNamespace, resync, cache.Indexers{}, nil)
+	})
+	leases, err := leaseInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    f.onLease,
+		UpdateFunc: func(_, obj any) { f.onLease(obj) },
+		DeleteFunc: f.onLeaseDelete,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: watching agent leases: %w", Name, err)
+	}
+	f.handlers = []cache.ResourceEventHandlerRegistration{nodes, pods, leases}
 	feeds[factory] = f
 	return f, nil
 }

@@ -16,13 +16,19 @@ const (
 	reasonNoState = "GPU request was not parsed in PreFilter"
 )
 
-// Filter admits the node when its healthy, selector-matching cards can hold
+// Filter admits the node when its GPU agent is reporting and its healthy, selector-matching cards can hold
 // every container at once. It returns every feasible node; the framework and
 // Score pick among them. It does not allocate when the node fits.
-func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := getState(state)
 	if s == nil {
 		return fwk.NewStatus(fwk.Error, reasonNoState)
+	}
+	if p.agentTimeout > 0 {
+		if age, silent := p.silence(nodeInfo.Node().Name, p.agentTimeout); silent {
+			p.wait(nodeInfo.Node().Name, pod)
+			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentSilentMessage(nodeInfo.Node().Name, age))
+		}
 	}
 	out, err := p.fit(s, nodeInfo.Node())
 	switch {

@@ -6,6 +6,7 @@ package gpushare
 import (
 	"context"
 	"fmt"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -51,6 +52,8 @@ type Plugin struct {
 	names      gpuinfo.ResourceNames
 	nodePolicy allocator.Policy
 	gpuPolicy  allocator.Policy
+	// agentTimeout is how long an agent may be silent; 0 disables the check.
+	agentTimeout time.Duration
 }
 
 // Name returns the plugin's name.
@@ -67,10 +70,11 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		return nil, fmt.Errorf("invalid %s args: %w", Name, err)
 	}
 	p := &Plugin{
-		handle:     h,
-		client:     h.ClientSet(),
-		nodePolicy: policies[args.NodePolicy],
-		gpuPolicy:  policies[args.GPUPolicy],
+		handle:       h,
+		client:       h.ClientSet(),
+		nodePolicy:   policies[args.NodePolicy],
+		gpuPolicy:    policies[args.GPUPolicy],
+		agentTimeout: args.AgentHeartbeatTimeout.Duration,
 		names: gpuinfo.ResourceNames{
 			GPU:           v1.ResourceName(args.ResourceNames.GPU),
 			Memory:        v1.ResourceName(args.ResourceNames.Memory),
@@ -78,7 +82,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 			Cores:         v1.ResourceName(args.ResourceNames.Cores),
 		},
 	}
-	p.feed, err = feedFor(ctx, h)
+	p.feed, err = feedFor(ctx, h, args.AgentNamespace)
 	if err != nil {
 		return nil, err
 	}

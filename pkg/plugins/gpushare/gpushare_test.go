@@ -3,15 +3,21 @@ package gpushare
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	clientsetfake "k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
@@ -26,10 +32,31 @@ import (
 // harness is a plugin on a framework handle whose informers are fed by a
 // fake clientset holding the given objects.
 type harness struct {
-	ctx      context.Context
-	plugin   *Plugin
-	client   *clientsetfake.Clientset
-	recorder *events.FakeRecorder
+	ctx       context.Context
+	plugin    *Plugin
+	client    *clientsetfake.Clientset
+	recorder  *events.FakeRecorder
+	activator *fakeActivator
+}
+
+// fakeActivator records the pods the plugin moves back to the active queue.
+type fakeActivator struct {
+	mu        sync.Mutex
+	activated []string
+}
+
+func (f *fakeActivator) Activate(_ klog.Logger, pods map[string]*v1.Pod) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k := range pods {
+		f.activated = append(f.activated, k)
+	}
+}
+
+func (f *fakeActivator) get() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.activated...)
 }
 
 func args(nodePolicy, gpuPolicy config.Policy) *config.GPUShareArgs {
@@ -47,9 +74,10 @@ func newHarness(t testing.TB, a *config.GPUShareArgs, objs ...runtime.Object) *h
 	client := clientsetfake.NewClientset(objs...)
 	factory := informers.NewSharedInformerFactory(client, 0)
 	recorder := events.NewFakeRecorder(100)
+	activator := &fakeActivator{}
 	fh, err := frameworkruntime.NewFramework(tCtx, nil, nil,
 		frameworkruntime.WithClientSet(client), frameworkruntime.WithInformerFactory(factory),
-		frameworkruntime.WithEventRecorder(recorder))
+		frameworkruntime.WithEventRecorder(recorder), frameworkruntime.WithPodActivator(activator))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +95,7 @@ func newHarness(t testing.TB, a *config.GPUShareArgs, objs ...runtime.Object) *h
 	if !pl.waitForLedger(tCtx) {
 		t.Fatal("ledger did not sync")
 	}
-	return &harness{ctx: tCtx, plugin: pl, client: client, recorder: recorder}
+	return &harness{ctx: tCtx, plugin: pl, client: client, recorder: recorder, activator: activator}
 }
 
 func nodeInfo(node *v1.Node) fwk.NodeInfo {
@@ -444,5 +472,58 @@ func TestFilterCatchesUpWithSnapshot(t *testing.T) {
 	h.plugin.PreFilter(h.ctx, state, pair, nil)
 	if s := h.plugin.Filter(h.ctx, state, pair, nodeInfo(two)); !s.IsSuccess() {
 		t.Errorf("Filter ignored the snapshot's newer inventory: %v", s)
+	}
+}
+
+func agentLease(node string, renewed time.Time) *coordinationv1.Lease {
+	t := metav1.NewMicroTime(renewed)
+	return &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + node, Namespace: "tessera-system"},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &node, RenewTime: &t},
+	}
+}
+
+func TestSilentAgentKeepsPodsOff(t *testing.T) {
+	silent := testutil.GPUNode("silent", testutil.Inventory("s", "A100", 81920, 1))
+	alive := testutil.GPUNode("alive", testutil.Inventory("a", "A100", 81920, 1))
+	noLease := testutil.GPUNode("no-lease", testutil.Inventory("n", "A100", 81920, 1))
+	h := newHarness(t, nil, silent, alive, noLease,
+		agentLease("silent", time.Now().Add(-10*time.Minute)), agentLease("alive", time.Now()))
+	pod := gpuPod("p", testutil.Share(1024, 10)).Obj()
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, pod, nil)
+	s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(silent))
+	if s.Code() != fwk.UnschedulableAndUnresolvable || !strings.HasPrefix(s.Message(), "GPU agent on node silent not reporting for 10m") {
+		t.Errorf("Filter on a node with a silent agent = %v %q", s.Code(), s.Message())
+	}
+	for _, n := range []*v1.Node{alive, noLease} {
+		if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(n)); !s.IsSuccess() {
+			t.Errorf("Filter on %s = %v", n.Name, s)
+		}
+	}
+	// The agent reports again: the pod is retried at once.
+	if _, err := h.client.CoordinationV1().Leases("tessera-system").Update(h.ctx, agentLease("silent", time.Now()), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(h.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return len(h.activator.get()) > 0, nil
+	}); err != nil {
+		t.Fatalf("the waiting pod was not activated when the agent reported: %v", err)
+	}
+	if diff := cmp.Diff([]string{"default/p"}, h.activator.get()); diff != "" {
+		t.Errorf("activated pods (-want,+got):\n%s", diff)
+	}
+	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(silent)); !s.IsSuccess() {
+		t.Errorf("Filter after the agent reported = %v", s)
+	}
+
+	// With the check disabled, a silent agent does not matter.
+	a := args(config.PolicyBinpack, config.PolicyBinpack)
+	a.AgentHeartbeatTimeout = metav1.Duration{}
+	off := newHarness(t, a, silent, agentLease("silent", time.Now().Add(-time.Hour)))
+	state = framework.NewCycleState()
+	off.plugin.PreFilter(off.ctx, state, pod, nil)
+	if s := off.plugin.Filter(off.ctx, state, pod, nodeInfo(silent)); !s.IsSuccess() {
+		t.Errorf("Filter with the check disabled = %v", s)
 	}
 }

@@ -1,12 +1,21 @@
 package v1
 
 import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/conversion"
 	"k8s.io/apimachinery/pkg/runtime"
 	schedv1 "k8s.io/kube-scheduler/config/v1"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// Defaults of GPUShareArgs.
+const (
+	DefaultAgentHeartbeatTimeout = 2 * time.Minute
+	DefaultAgentNamespace        = "tessera-system"
 )
 
 // SchemeGroupVersion is kubescheduler.config.k8s.io/v1.
@@ -39,6 +48,13 @@ func SetDefaults_GPUShareArgs(obj *GPUShareArgs) { //nolint:revive // the name f
 	if obj.GPUPolicy == nil {
 		p := string(config.PolicyBinpack)
 		obj.GPUPolicy = &p
+	}
+	if obj.AgentHeartbeatTimeout == nil {
+		obj.AgentHeartbeatTimeout = &metav1.Duration{Duration: DefaultAgentHeartbeatTimeout}
+	}
+	if obj.AgentNamespace == nil {
+		ns := DefaultAgentNamespace
+		obj.AgentNamespace = &ns
 	}
 	if obj.ResourceNames == nil {
 		obj.ResourceNames = &ResourceNames{}
@@ -82,6 +98,12 @@ func Convert_v1_GPUShareArgs_To_config_GPUShareArgs(in *GPUShareArgs, out *confi
 	if in.ResourceNames != nil {
 		out.ResourceNames = config.ResourceNames(*in.ResourceNames)
 	}
+	if in.AgentHeartbeatTimeout != nil {
+		out.AgentHeartbeatTimeout = *in.AgentHeartbeatTimeout
+	}
+	if in.AgentNamespace != nil {
+		out.AgentNamespace = *in.AgentNamespace
+	}
 	return nil
 }
 
@@ -90,7 +112,9 @@ func Convert_v1_GPUShareArgs_To_config_GPUShareArgs(in *GPUShareArgs, out *confi
 func Convert_config_GPUShareArgs_To_v1_GPUShareArgs(in *config.GPUShareArgs, out *GPUShareArgs) error { //nolint:revive
 	nodePolicy, gpuPolicy := string(in.NodePolicy), string(in.GPUPolicy)
 	names := ResourceNames(in.ResourceNames)
+	timeout, namespace := in.AgentHeartbeatTimeout, in.AgentNamespace
 	out.NodePolicy, out.GPUPolicy, out.ResourceNames = &nodePolicy, &gpuPolicy, &names
+	out.AgentHeartbeatTimeout, out.AgentNamespace = &timeout, &namespace
 	return nil
 }
 
@@ -111,6 +135,14 @@ func (in *GPUShareArgs) DeepCopyObject() runtime.Object {
 	if in.ResourceNames != nil {
 		n := *in.ResourceNames
 		out.ResourceNames = &n
+	}
+	if in.AgentHeartbeatTimeout != nil {
+		d := *in.AgentHeartbeatTimeout
+		out.AgentHeartbeatTimeout = &d
+	}
+	if in.AgentNamespace != nil {
+		ns := *in.AgentNamespace
+		out.AgentNamespace = &ns
 	}
 	return &out
 }

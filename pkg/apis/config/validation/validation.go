@@ -3,6 +3,7 @@ package validation
 
 import (
 	v1 "k8s.io/api/core/v1"
+	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 
@@ -43,6 +44,12 @@ func ValidateGPUShareArgs(path *field.Path, args *config.GPUShareArgs) error {
 			errs = append(errs, field.Duplicate(p, n.value))
 		}
 		seen[n.value] = n.field
+	}
+	if args.AgentHeartbeatTimeout.Duration < 0 {
+		errs = append(errs, field.Invalid(path.Child("agentHeartbeatTimeout"), args.AgentHeartbeatTimeout.Duration.String(), "must not be negative (0s disables the check)"))
+	}
+	for _, msg := range utilvalidation.IsDNS1123Label(args.AgentNamespace) {
+		errs = append(errs, field.Invalid(path.Child("agentNamespace"), args.AgentNamespace, msg))
 	}
 	return errs.ToAggregate()
 }

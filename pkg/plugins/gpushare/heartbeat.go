@@ -1,0 +1,100 @@
+package gpushare
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// heartbeats follows the node agents' Leases. A node whose agent has not
+// renewed its Lease within the timeout gets no new GPU pods; the pods kept
+// off it are activated as soon as the agent reports again, not after the
+// scheduler's unschedulable timeout. A node without a Lease is not affected.
+type heartbeats struct {
+	renewals  sync.Map // node name -> time.Time of the last renewal
+	activator fwk.PodActivator
+	logger    klog.Logger
+
+	mu      sync.Mutex
+	waiting map[string]map[types.UID]*v1.Pod // node -> pods rejected for its silent agent
+}
+
+// silence returns how long the node's agent has not reported, and whether
+// that is longer than timeout.
+func (hb *heartbeats) silence(node string, timeout time.Duration) (time.Duration, bool) {
+	v, ok := hb.renewals.Load(node)
+	if !ok {
+		return 0, false
+	}
+	age := time.Since(v.(time.Time))
+	return age, age > timeout
+}
+
+// wait remembers a pod kept off node, to activate it when the agent reports.
+func (hb *heartbeats) wait(node string, pod *v1.Pod) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	if hb.waiting == nil {
+		hb.waiting = map[string]map[types.UID]*v1.Pod{}
+	}
+	if hb.waiting[node] == nil {
+		hb.waiting[node] = map[types.UID]*v1.Pod{}
+	}
+	hb.waiting[node][pod.UID] = pod
+}
+
+// activate moves the pods waiting on node back to the active queue.
+func (hb *heartbeats) activate(node string) {
+	hb.mu.Lock()
+	pods := hb.waiting[node]
+	delete(hb.waiting, node)
+	hb.mu.Unlock()
+	if len(pods) == 0 || hb.activator == nil {
+		return
+	}
+	batch := make(map[string]*v1.Pod, len(pods))
+	for _, p := range pods {
+		batch[p.Namespace+"/"+p.Name] = p
+	}
+	hb.logger.V(3).Info("GPU agent reports again; retrying pods kept off its node", "node", node, "pods", len(batch))
+	hb.activator.Activate(hb.logger, batch)
+}
+
+func (hb *heartbeats) onLease(obj any) {
+	lease, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	node, ok := strings.CutPrefix(lease.Name, gpuinfo.AgentLeasePrefix)
+	if !ok || lease.Spec.RenewTime == nil {
+		return
+	}
+	hb.renewals.Store(node, lease.Spec.RenewTime.Time)
+	hb.activate(node)
+}
+
+func (hb *heartbeats) onLeaseDelete(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if lease, ok := obj.(*coordinationv1.Lease); ok {
+		if node, ok := strings.CutPrefix(lease.Name, gpuinfo.AgentLeasePrefix); ok {
+			hb.renewals.Delete(node)
+			hb.activate(node)
+		}
+	}
+}
+
+// agentSilentMessage is Filter's reason for a node whose agent is silent.
+func agentSilentMessage(node string, age time.Duration) string {
+	return "GPU agent on node " + node + " not reporting for " + age.Round(time.Second).String()
+}
