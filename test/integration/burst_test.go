@@ -124,7 +124,7 @@ func TestLeaderFailoverMidBurst(t *testing.T) {
 	args := []string{
 		"--config=" + e.config, "--secure-port=0", "--leader-elect=true",
 		"--leader-elect-resource-name=" + lease,
-		"--leader-elect-lease-duration=2s", "--leader-elect-renew-deadline=1500ms", "--leader-elect-retry-period=200ms",
+		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
 	}
 	leader := e.startReplica(t, "replica-a", args...)
 	var holder string
