@@ -4,17 +4,22 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 )
 
 // Agent runs discovery and publishing for one node.
 type Agent struct {
-	Backend           discovery.Backend
+	Backend discovery.Backend
+	// Health, when set, holds cards out of service after trouble until they
+	// have been quiet for its period.
+	Health            *health.Tracker
 	Publisher         *publish.Publisher
 	RescanInterval    time.Duration
 	HeartbeatInterval time.Duration
@@ -47,29 +52,37 @@ func (a *Agent) Run(ctx context.Context) {
 
 // Once scans and publishes one time; for tests and tools.
 func (a *Agent) Once(ctx context.Context) error {
-	cards, err := a.Backend.Cards()
-	if err != nil {
-		return err
-	}
-	if _, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards)); err != nil {
+	if err := a.scan(ctx); err != nil {
 		return err
 	}
 	return a.Publisher.Heartbeat(ctx)
 }
 
-func (a *Agent) rescan(ctx context.Context) {
+// scan reads the cards, applies their health and publishes the inventory.
+func (a *Agent) scan(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	cards, err := a.Backend.Cards()
 	if err != nil {
-		logger.Error(err, "Scanning GPUs failed; keeping the published inventory")
-		return
+		return fmt.Errorf("scanning GPUs: %w", err)
+	}
+	if a.Health != nil {
+		for _, t := range a.Health.Apply(cards) {
+			logger.Info("GPU health changed", "uuid", t.UUID, "healthy", t.Healthy, "reason", t.Reason)
+		}
 	}
 	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards))
-	switch {
-	case err != nil:
-		logger.Error(err, "Publishing the GPU inventory failed")
-	case changed:
+	if err != nil {
+		return err
+	}
+	if changed {
 		logger.Info("Published GPU inventory", "cards", len(cards))
+	}
+	return nil
+}
+
+func (a *Agent) rescan(ctx context.Context) {
+	if err := a.scan(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Keeping the published GPU inventory")
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -77,6 +78,25 @@ func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 	e.create(e.podSpec("three", "tessera-binpack", map[string]int64{"tessera.io/gpu": 3}))
 	if p := placementOf(t, e.waitBound(30*time.Second, "three")["three"]); p.Node != name || len(p.Cards) != 3 {
 		t.Errorf("placement %+v, want 3 cards on %s", p, name)
+	}
+
+	// A critical XID on card 2 marks it unhealthy in the published inventory;
+	// the pod already on it is left running.
+	a.Health = health.NewTracker(10*time.Minute, func() time.Time { return clock })
+	a.Health.ObserveXID("GPU-sim-"+name+"-2", 79)
+	if err := a.Once(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	node, err = e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err = gpuinfo.DecodeInventory(node.Annotations[gpuinfo.InventoryAnnotation])
+	if err != nil || inv.Cards[2].Healthy || !inv.Cards[1].Healthy {
+		t.Errorf("inventory after XID 79 on card 2 = %+v, %v", inv, err)
+	}
+	if p, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, "three", metav1.GetOptions{}); err != nil || p.Spec.NodeName != name {
+		t.Errorf("the pod on the unhealthy card was disturbed: %v", err)
 	}
 }
 

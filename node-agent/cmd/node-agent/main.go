@@ -20,6 +20,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 )
 
@@ -32,17 +33,18 @@ func main() {
 	rescan := flag.Duration("rescan-interval", 30*time.Second, "how often to rescan cards (hot-plug, driver reload)")
 	heartbeat := flag.Duration("heartbeat-interval", 10*time.Second, "how often to renew the heartbeat Lease")
 	leaseDuration := flag.Duration("lease-duration", 40*time.Second, "lease duration written into the Lease")
+	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration); err != nil {
+	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration time.Duration) error {
+func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration) error {
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
@@ -70,6 +72,7 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 	}
 	a := &agent.Agent{
 		Backend:           backend,
+		Health:            health.NewTracker(quiet, time.Now),
 		Publisher:         &publish.Publisher{Client: client, NodeName: nodeName, Namespace: namespace, LeaseDuration: leaseDuration},
 		RescanInterval:    rescan,
 		HeartbeatInterval: heartbeat,
