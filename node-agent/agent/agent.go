@@ -19,7 +19,10 @@ type Agent struct {
 	Backend discovery.Backend
 	// Health, when set, holds cards out of service after trouble until they
 	// have been quiet for its period.
-	Health            *health.Tracker
+	Health *health.Tracker
+	// Devices, when set, is told the cards after every scan (the device
+	// plugin advertising them to kubelet).
+	Devices           interface{ Update([]discovery.Card) }
 	Publisher         *publish.Publisher
 	RescanInterval    time.Duration
 	HeartbeatInterval time.Duration
@@ -69,6 +72,9 @@ func (a *Agent) scan(ctx context.Context) error {
 		for _, t := range a.Health.Apply(cards) {
 			logger.Info("GPU health changed", "uuid", t.UUID, "healthy", t.Healthy, "reason", t.Reason)
 		}
+	}
+	if a.Devices != nil {
+		a.Devices.Update(cards)
 	}
 	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards))
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/node-agent/agent"
+	"github.com/tessera-gpu/tessera/node-agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
@@ -33,20 +34,30 @@ func main() {
 	rescan := flag.Duration("rescan-interval", 30*time.Second, "how often to rescan cards (hot-plug, driver reload)")
 	heartbeat := flag.Duration("heartbeat-interval", 10*time.Second, "how often to renew the heartbeat Lease")
 	leaseDuration := flag.Duration("lease-duration", 40*time.Second, "lease duration written into the Lease")
+	pluginDir := flag.String("device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory; empty disables the device plugin")
+	resourceName := flag.String("resource-name", "tessera.io/gpu", "resource the device plugin advertises")
+	split := flag.Int("split-count", 10, "devices advertised per card (how many containers may share one)")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet); err != nil {
+	var plugin *deviceplugin.Plugin
+	if *pluginDir != "" {
+		plugin = &deviceplugin.Plugin{Dir: *pluginDir, ResourceName: *resourceName, Split: *split, CheckInterval: time.Second}
+	}
+	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration) error {
+func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, plugin *deviceplugin.Plugin) error {
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
+	}
+	if plugin != nil && plugin.Split < 1 {
+		return fmt.Errorf("--split-count must be at least 1, got %d", plugin.Split)
 	}
 	if rescan <= 0 || heartbeat <= 0 || leaseDuration < heartbeat {
 		return fmt.Errorf("intervals must be positive and --lease-duration (%v) at least --heartbeat-interval (%v)", leaseDuration, heartbeat)
@@ -76,6 +87,14 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		Publisher:         &publish.Publisher{Client: client, NodeName: nodeName, Namespace: namespace, LeaseDuration: leaseDuration},
 		RescanInterval:    rescan,
 		HeartbeatInterval: heartbeat,
+	}
+	if plugin != nil {
+		a.Devices = plugin
+		go func() {
+			if err := plugin.Run(ctx); err != nil {
+				klog.ErrorS(err, "Device plugin stopped")
+			}
+		}()
 	}
 	a.Run(ctx)
 	return nil
