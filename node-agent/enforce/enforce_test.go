@@ -1,0 +1,125 @@
+package enforce
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	st "k8s.io/kubernetes/pkg/scheduler/testing"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+func pod(limits map[v1.ResourceName]string, assignment string) *v1.Pod {
+	p := st.MakePod().Name("p").Namespace("ns").UID("uid-1").Node("node-1").Lim(limits).
+		Lim(map[v1.ResourceName]string{v1.ResourceCPU: "1"})
+	if assignment != "" {
+		p.Annotation(gpuinfo.AssignmentAnnotation, assignment)
+	}
+	return p.Obj()
+}
+
+func TestFor(t *testing.T) {
+	names := gpuinfo.DefaultResourceNames()
+	paths := DefaultPaths()
+	mounts := []Mount{
+		{Source: "/usr/local/vgpu/libvgpu.so", Destination: "/usr/local/vgpu/libvgpu.so", ReadOnly: true},
+		{Source: "/usr/local/vgpu/ld.so.preload", Destination: "/etc/ld.so.preload", ReadOnly: true},
+		{Source: "/var/lib/tessera/vgpu-cache", Destination: "/usr/local/vgpu/cache"},
+		{Source: "/tmp/vgpulock", Destination: "/tmp/vgpulock"},
+	}
+	share := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30},{"index":3,"uuid":"GPU-3","memoryMiB":4096,"cores":30}]}}`
+	whole := `{"version":1,"containers":{"con0":[{"index":2,"uuid":"GPU-2","memoryMiB":81920,"cores":100}]}}`
+	tests := []struct {
+		name      string
+		pod       *v1.Pod
+		container string
+		uid, node string
+		want      *Adjustment
+		wantErr   string
+	}{
+		{
+			name: "shared cards get limits and the interception library",
+			pod:  pod(map[v1.ResourceName]string{"tessera.io/gpu": "2", "tessera.io/gpu-memory": "4096", "tessera.io/gpu-cores": "30"}, share),
+			want: &Adjustment{Env: []EnvVar{
+				{"NVIDIA_VISIBLE_DEVICES", "GPU-1,GPU-3"},
+				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
+				{"CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_1", "30"},
+				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+				{"GPU_CORE_UTILIZATION_POLICY", "force"},
+			}, Mounts: mounts},
+		},
+		{
+			name: "whole cards get only the cards",
+			pod:  pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
+			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}},
+		},
+		{
+			name: "a container without GPUs is untouched",
+			pod:  pod(nil, ""),
+			want: nil,
+		},
+		{
+			name:      "another container of a GPU pod is untouched",
+			pod:       pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
+			container: "sidecar",
+			want:      nil,
+		},
+		{
+			name:    "no assignment: the container must not start",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, ""),
+			wantErr: `container "con0" asks for GPUs but the pod has no tessera.io/gpu-assignment`,
+		},
+		{
+			name:    "invalid assignment",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, `{"version":9}`),
+			wantErr: "unsupported version 9",
+		},
+		{
+			name:    "assignment for fewer cards than asked",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "2"}, whole),
+			wantErr: `container "con0" asks for 2 GPUs but its assignment lists 1`,
+		},
+		{
+			name:    "a sandbox of another pod with the same name",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
+			uid:     "uid-2",
+			wantErr: "refusing to give GPUs to another pod's container",
+		},
+		{
+			name:    "bound to another node",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
+			node:    "node-2",
+			wantErr: `is bound to node "node-1", not "node-2"`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			container, uid, node := "con0", "uid-1", "node-1"
+			if tc.container != "" {
+				container = tc.container
+			}
+			if tc.uid != "" {
+				uid = tc.uid
+			}
+			if tc.node != "" {
+				node = tc.node
+			}
+			got, err := For(tc.pod, types.UID(uid), container, node, names, paths)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("adjustment (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
