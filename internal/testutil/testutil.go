@@ -4,6 +4,7 @@ package testutil
 import (
 	"fmt"
 	"strings"
+	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
@@ -31,6 +32,23 @@ func MustEncode(inv *gpuinfo.Inventory) string {
 		panic(err)
 	}
 	return raw
+}
+
+// CheckError fails the test unless err is what a table case wants: no error
+// when want is empty, else an error containing want. It returns true when an
+// error was wanted, so the case can stop there.
+func CheckError(t testing.TB, err error, want string) bool {
+	t.Helper()
+	if want == "" {
+		if err != nil {
+			t.Fatalf("unexpected error: %v", err)
+		}
+		return false
+	}
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("error = %v, want one containing %q", err, want)
+	}
+	return true
 }
 
 // EmptyCards returns an inventory annotation of version 1 listing n empty

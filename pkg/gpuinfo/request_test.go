@@ -8,6 +8,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -116,14 +117,8 @@ func TestParsePodRequest(t *testing.T) {
 				names = tessera
 			}
 			got, err := gpuinfo.ParsePodRequest(tc.pod, names)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error = %v, want one containing %q", err, tc.wantErr)
-				}
+			if testutil.CheckError(t, err, tc.wantErr) {
 				return
-			}
-			if err != nil {
-				t.Fatalf("unexpected error: %v", err)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("request (-want,+got):\n%s", diff)
