@@ -14,6 +14,10 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -21,8 +25,11 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/health"
+	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 func main() {
@@ -37,6 +44,12 @@ func main() {
 	pluginDir := flag.String("device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory; empty disables the device plugin")
 	resourceName := flag.String("resource-name", "tessera.io/gpu", "resource the device plugin advertises")
 	split := flag.Int("split-count", 10, "devices advertised per card (how many containers may share one)")
+	nriSocket := flag.String("nri-socket", "/var/run/nri/nri.sock", "the container runtime's NRI socket; empty disables enforcement")
+	paths := enforce.DefaultPaths()
+	flag.StringVar(&paths.HostLibrary, "vgpu-library", paths.HostLibrary, "host path of HAMi-core's libvgpu.so")
+	flag.StringVar(&paths.HostPreload, "vgpu-preload", paths.HostPreload, "host path of the ld.so.preload file naming the library")
+	flag.StringVar(&paths.HostCacheDir, "vgpu-cache-dir", paths.HostCacheDir, "host directory of the containers' shared-cache files")
+	flag.StringVar(&paths.HostLockDir, "vgpu-lock-dir", paths.HostLockDir, "host lock directory of the library")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -45,14 +58,18 @@ func main() {
 	if *pluginDir != "" {
 		plugin = &deviceplugin.Plugin{Dir: *pluginDir, ResourceName: *resourceName, Split: *split, CheckInterval: time.Second}
 	}
-	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin); err != nil {
+	var enforcer *nri.Plugin
+	if *nriSocket != "" {
+		enforcer = &nri.Plugin{Node: *nodeName, Names: gpuinfo.DefaultResourceNames(), Paths: paths, PodWait: 5 * time.Second}
+	}
+	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin, enforcer, *nriSocket); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, plugin *deviceplugin.Plugin) error {
+func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, plugin *deviceplugin.Plugin, enforcer *nri.Plugin, nriSocket string) error {
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
@@ -93,6 +110,21 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		go func() {
 			if err := plugin.Run(ctx); err != nil {
 				klog.ErrorS(err, "Device plugin stopped")
+			}
+		}()
+	}
+	if enforcer != nil {
+		// The pods bound to this node, as the API server has them.
+		factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
+		}))
+		lister := factory.Core().V1().Pods().Lister()
+		factory.Start(ctx.Done())
+		factory.WaitForCacheSync(ctx.Done())
+		enforcer.Pods = func(namespace, name string) (*v1.Pod, error) { return lister.Pods(namespace).Get(name) }
+		go func() {
+			if err := enforcer.Run(ctx, nriSocket); err != nil && ctx.Err() == nil {
+				klog.ErrorS(err, "NRI plugin stopped: containers are created without GPU enforcement until the agent restarts")
 			}
 		}()
 	}
