@@ -6,6 +6,7 @@ package enforce
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -46,6 +47,20 @@ const (
 	containerCacheDir = "/usr/local/vgpu/cache"
 	containerLockDir  = "/tmp/vgpulock"
 )
+
+// WritePreload makes the host's preload file name the library as the
+// container sees it, so that mounting it as /etc/ld.so.preload loads the
+// library into every process. It rewrites the file only when it differs.
+func (p Paths) WritePreload() error {
+	want := containerLibrary + "\n"
+	if got, err := os.ReadFile(p.HostPreload); err == nil && string(got) == want {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(p.HostPreload), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(p.HostPreload, []byte(want), 0o644)
+}
 
 // Mount is a bind mount into the container.
 type Mount struct {

@@ -1,6 +1,8 @@
 package enforce
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -115,5 +117,19 @@ func TestFor(t *testing.T) {
 				t.Errorf("adjustment (-want,+got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func TestWritePreload(t *testing.T) {
+	paths := DefaultPaths()
+	paths.HostPreload = filepath.Join(t.TempDir(), "vgpu", "ld.so.preload")
+	for i := 0; i < 2; i++ { // the second call finds it in place
+		if err := paths.WritePreload(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile(paths.HostPreload)
+	if err != nil || string(got) != "/usr/local/vgpu/libvgpu.so\n" {
+		t.Errorf("preload file = %q, %v", got, err)
 	}
 }

@@ -114,6 +114,9 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		}()
 	}
 	if enforcer != nil {
+		if err := enforcer.Paths.WritePreload(); err != nil {
+			return fmt.Errorf("writing %s: %w", enforcer.Paths.HostPreload, err)
+		}
 		// The pods bound to this node, as the API server has them.
 		factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
