@@ -79,11 +79,15 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 	defer cp.Stop()
 	client := cp.Client
+	agents, stopAgents := context.WithCancel(ctx)
+	defer stopAgents()
 	for _, n := range fleet {
-		if _, err := cluster.CreateGPUNode(ctx, client, n.name, cluster.SimulatedInventory(n.name, n.spec, n.cards), nil); err != nil {
+		a, err := cluster.AddSimulatedNode(ctx, client, n.name, n.spec, n.cards, nil)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "Node %s: %d x %s\n", n.name, n.cards, n.spec.Model)
+		go a.Run(agents) // keeps the heartbeat Lease fresh while the demo runs
+		fmt.Fprintf(out, "Node %s: %d x %s (simulated by the node agent)\n", n.name, n.cards, n.spec)
 	}
 	if _, err := cluster.CreateGPUNode(ctx, client, "cpu-node", nil, nil); err != nil {
 		return err

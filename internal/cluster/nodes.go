@@ -3,46 +3,80 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/node-agent/agent"
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// CardSpec describes a kind of card for a simulated node.
-type CardSpec struct {
-	Model     string
-	MemoryMiB int64
-}
+// CardSpec is a kind of simulated card, in the node agent's notation.
+type CardSpec string
 
 // Common card kinds.
-var (
-	A100 = CardSpec{"NVIDIA A100-SXM4-80GB", 81920}
-	H100 = CardSpec{"NVIDIA H100 80GB HBM3", 81920}
-	T4   = CardSpec{"Tesla T4", 15360}
-	L4   = CardSpec{"NVIDIA L4", 23034}
+const (
+	A100 CardSpec = "A100-80GB"
+	H100 CardSpec = "H100-80GB"
+	T4   CardSpec = "T4-16GB"
+	L4   CardSpec = "L4-24GB"
 )
 
-// SimulatedInventory returns the inventory of a node with count healthy cards
-// of one kind; UUIDs are derived from the node name, so they are stable.
-func SimulatedInventory(node string, spec CardSpec, count int) *gpuinfo.Inventory {
-	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion}
-	for i := 0; i < count; i++ {
-		inv.Cards = append(inv.Cards, gpuinfo.Card{
-			Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: spec.Model, MemoryMiB: spec.MemoryMiB,
-			Cores: gpuinfo.FullCores, NUMANode: i * 2 / count, Healthy: true,
-		})
+// AgentNamespace is where simulated nodes' agents keep their heartbeat Leases.
+const AgentNamespace = "tessera-system"
+
+// SimulatedInventory is the inventory the node agent's simulated backend
+// reports for count cards of one kind on node.
+func SimulatedInventory(node string, spec CardSpec, count int) (*gpuinfo.Inventory, error) {
+	backend, err := discovery.NewSimulated(node, fmt.Sprintf("%dx%s", count, spec))
+	if err != nil {
+		return nil, err
 	}
-	return inv
+	cards, err := backend.Cards()
+	return discovery.Inventory(cards), err
+}
+
+// AddSimulatedNode creates a node and runs the node agent's discovery and
+// publishing for it once, with the simulated backend: the node's inventory
+// and heartbeat come from the same code as on a real node. The returned
+// agent keeps the heartbeat going when Run.
+func AddSimulatedNode(ctx context.Context, client kubernetes.Interface, name string, spec CardSpec, count int, labels map[string]string) (*agent.Agent, error) {
+	if _, err := CreateGPUNode(ctx, client, name, nil, labels); err != nil {
+		return nil, err
+	}
+	backend, err := discovery.NewSimulated(name, fmt.Sprintf("%dx%s", count, spec))
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureNamespace(ctx, client, AgentNamespace); err != nil {
+		return nil, err
+	}
+	a := &agent.Agent{
+		Backend:           backend,
+		Publisher:         &publish.Publisher{Client: client, NodeName: name, Namespace: AgentNamespace, LeaseDuration: 40 * time.Second},
+		RescanInterval:    30 * time.Second,
+		HeartbeatInterval: 10 * time.Second,
+	}
+	return a, a.Once(ctx)
+}
+
+func ensureNamespace(ctx context.Context, client kubernetes.Interface, name string) error {
+	_, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }
 
 // CreateGPUNode creates a Ready node with 64 CPUs, 512 GiB and 110 pods
 // allocatable, the given labels, and the inventory annotation (none when inv
-// is nil).
+// is nil). Tests use it for inventories no agent would write.
 func CreateGPUNode(ctx context.Context, client kubernetes.Interface, name string, inv *gpuinfo.Inventory, labels map[string]string) (*v1.Node, error) {
 	node := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.LabelHostname: name}},
@@ -67,14 +101,4 @@ func CreateGPUNode(ctx context.Context, client kubernetes.Interface, name string
 		node.Annotations = map[string]string{gpuinfo.InventoryAnnotation: raw}
 	}
 	return client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-}
-
-// ModelLabel is a short label value for a card model, e.g. "a100".
-func ModelLabel(spec CardSpec) string {
-	for _, short := range []string{"A100", "H100", "T4", "L4"} {
-		if strings.Contains(spec.Model, short) {
-			return strings.ToLower(short)
-		}
-	}
-	return "gpu"
 }

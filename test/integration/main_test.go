@@ -109,11 +109,12 @@ func (e *env) startScheduler(flags ...string) *cluster.Scheduler {
 	return s
 }
 
-// node creates a simulated GPU node named after the test's namespace.
+// node creates a simulated GPU node named after the test's namespace; its
+// inventory and heartbeat are published by the node agent's code.
 func (e *env) node(suffix string, spec cluster.CardSpec, cards int, labels map[string]string) string {
 	e.tCtx.Helper()
 	name := e.ns + "-" + suffix
-	if _, err := cluster.CreateGPUNode(e.tCtx, e.client, name, cluster.SimulatedInventory(name, spec, cards), labels); err != nil {
+	if _, err := cluster.AddSimulatedNode(e.tCtx, e.client, name, spec, cards, labels); err != nil {
 		e.tCtx.Fatal(err)
 	}
 	e.nodes = append(e.nodes, name)

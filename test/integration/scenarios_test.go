@@ -85,8 +85,8 @@ func TestSelectors(t *testing.T) {
 	}{
 		{"model", map[string]string{gpuinfo.ModelAnnotation: "t4"}, t4, nil},
 		{"model-exclude", map[string]string{gpuinfo.ModelExcludeAnnotation: "Tesla"}, a100, nil},
-		{"uuid", map[string]string{gpuinfo.UUIDAnnotation: "GPU-" + a100 + "-1"}, a100, []int{1}},
-		{"uuid-exclude", map[string]string{gpuinfo.ModelAnnotation: "A100", gpuinfo.UUIDExcludeAnnotation: "GPU-" + a100 + "-0"}, a100, []int{1}},
+		{"uuid", map[string]string{gpuinfo.UUIDAnnotation: "GPU-sim-" + a100 + "-1"}, a100, []int{1}},
+		{"uuid-exclude", map[string]string{gpuinfo.ModelAnnotation: "A100", gpuinfo.UUIDExcludeAnnotation: "GPU-sim-" + a100 + "-0"}, a100, []int{1}},
 	}
 	for _, tc := range tests {
 		pod := e.podSpec(tc.name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 1024})
@@ -130,7 +130,11 @@ func TestRequeueWhenCapacityAppears(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Annotations[gpuinfo.InventoryAnnotation] = mustEncode(t, cluster.SimulatedInventory(node, cluster.A100, 2))
+	grown, err := cluster.SimulatedInventory(node, cluster.A100, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Annotations[gpuinfo.InventoryAnnotation] = mustEncode(t, grown)
 	if _, err := e.client.CoreV1().Nodes().Update(e.tCtx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
