@@ -36,6 +36,25 @@ func (a *Agent) Run(ctx context.Context) {
 	logger.Info("Node agent starting", "node", a.Publisher.NodeName, "backend", a.Backend.Name())
 	a.rescan(ctx)
 	a.heartbeat(ctx)
+	// A critical XID publishes the card's new health at once.
+	xids := make(chan struct{}, 1)
+	if watcher, ok := a.Backend.(discovery.XIDWatcher); ok && a.Health != nil {
+		go func() {
+			err := watcher.WatchXIDs(ctx, func(uuid string, xid uint64) {
+				critical := a.Health.ObserveXID(uuid, xid)
+				logger.Info("GPU XID error", "uuid", uuid, "xid", xid, "critical", critical)
+				if critical {
+					select {
+					case xids <- struct{}{}:
+					default:
+					}
+				}
+			})
+			if err != nil {
+				logger.Error(err, "Not watching XID events; card health comes from each scan only")
+			}
+		}()
+	}
 	rescan := time.NewTicker(a.RescanInterval)
 	defer rescan.Stop()
 	beat := time.NewTicker(a.HeartbeatInterval)
@@ -46,6 +65,8 @@ func (a *Agent) Run(ctx context.Context) {
 			logger.Info("Node agent stopping", "node", a.Publisher.NodeName)
 			return
 		case <-rescan.C:
+			a.rescan(ctx)
+		case <-xids:
 			a.rescan(ctx)
 		case <-beat.C:
 			a.heartbeat(ctx)

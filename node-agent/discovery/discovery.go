@@ -5,6 +5,8 @@
 package discovery
 
 import (
+	"context"
+
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -30,6 +32,11 @@ type Backend interface {
 	Cards() ([]Card, error)
 	// Close releases the backend.
 	Close() error
+}
+
+// XIDWatcher is a backend that can report XID errors as they happen.
+type XIDWatcher interface {
+	WatchXIDs(ctx context.Context, report func(uuid string, xid uint64)) error
 }
 
 // Inventory converts cards into the inventory annotation's content.

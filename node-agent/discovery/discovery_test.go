@@ -1,7 +1,9 @@
 package discovery
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -138,5 +140,57 @@ func TestRealNVML(t *testing.T) {
 		if c.MemoryMiB < 1024 || c.Cores != gpuinfo.FullCores {
 			t.Errorf("card %+v looks wrong", c)
 		}
+	}
+}
+
+func TestWatchXIDs(t *testing.T) {
+	devices := []*mock.Device{}
+	for i := 0; i < 2; i++ {
+		uuid := fmt.Sprint("GPU-", i)
+		devices = append(devices, &mock.Device{
+			GetUUIDFunc:        func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+			RegisterEventsFunc: func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS },
+		})
+	}
+	events := []nvml.EventData{
+		{Device: devices[0], EventType: nvml.EventTypeXidCriticalError, EventData: 79},
+		{Device: devices[1], EventType: nvml.EventTypeXidCriticalError, EventData: 13},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	set := &mock.EventSet{
+		FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		WaitFunc: func(uint32) (nvml.EventData, nvml.Return) {
+			if len(events) == 0 {
+				cancel() // the watch returns once ctx ends
+				return nvml.EventData{}, nvml.ERROR_TIMEOUT
+			}
+			e := events[0]
+			events = events[1:]
+			return e, nvml.SUCCESS
+		},
+	}
+	lib := &mock.Interface{
+		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
+		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "test", nvml.SUCCESS },
+		ErrorStringFunc:            func(nvml.Return) string { return "error" },
+		EventSetCreateFunc:         func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS },
+		DeviceGetCountFunc:         func() (int, nvml.Return) { return len(devices), nvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) { return devices[i], nvml.SUCCESS },
+	}
+	n, err := NewNVML(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type xid struct {
+		uuid string
+		xid  uint64
+	}
+	var got []xid
+	if err := n.WatchXIDs(ctx, func(uuid string, x uint64) { got = append(got, xid{uuid, x}) }); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]xid{{"GPU-0", 79}, {"GPU-1", 13}}, got, cmp.AllowUnexported(xid{})); diff != "" {
+		t.Errorf("reported XIDs (-want,+got):\n%s", diff)
 	}
 }

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -118,4 +119,49 @@ func (n *NVML) numaNode(busID string) int {
 		return -1
 	}
 	return v
+}
+
+// WatchXIDs reports every XID error NVML raises on the node's cards, until
+// ctx ends; report classifies them. A card that cannot deliver events is
+// skipped (its health still comes from each scan).
+func (n *NVML) WatchXIDs(ctx context.Context, report func(uuid string, xid uint64)) error {
+	set, ret := n.lib.EventSetCreate()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("creating an NVML event set: %s", n.lib.ErrorString(ret))
+	}
+	defer set.Free()
+	count, ret := n.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("counting GPUs: %s", n.lib.ErrorString(ret))
+	}
+	watched := 0
+	for i := 0; i < count; i++ {
+		dev, ret := n.lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		if ret := dev.RegisterEvents(nvml.EventTypeXidCriticalError, set); ret == nvml.SUCCESS {
+			watched++
+		}
+	}
+	if watched == 0 {
+		return fmt.Errorf("no GPU delivers XID events")
+	}
+	for ctx.Err() == nil {
+		data, ret := set.Wait(1000)
+		switch {
+		case ret == nvml.ERROR_TIMEOUT:
+			continue
+		case ret != nvml.SUCCESS:
+			return fmt.Errorf("waiting for NVML events: %s", n.lib.ErrorString(ret))
+		case data.EventType != nvml.EventTypeXidCriticalError || data.Device == nil:
+			continue
+		}
+		uuid, ret := data.Device.GetUUID()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		report(uuid, data.EventData)
+	}
+	return nil
 }
