@@ -92,6 +92,13 @@ func (a *Agent) scan(ctx context.Context) error {
 	if a.Health != nil {
 		for _, t := range a.Health.Apply(cards) {
 			logger.Info("GPU health changed", "uuid", t.UUID, "healthy", t.Healthy, "reason", t.Reason)
+			if !t.Healthy {
+				if n, err := a.Publisher.ReportUnhealthyCard(ctx, t.UUID, t.Reason); err != nil {
+					logger.Error(err, "Telling the card's pods failed", "uuid", t.UUID)
+				} else if n > 0 {
+					logger.Info("Told the pods on the unhealthy card", "uuid", t.UUID, "pods", n)
+				}
+			}
 		}
 	}
 	if a.Devices != nil {

@@ -45,7 +45,7 @@ func Inventory(cards []Card) *gpuinfo.Inventory {
 	for _, c := range cards {
 		inv.Cards = append(inv.Cards, gpuinfo.Card{
 			Index: c.Index, UUID: c.UUID, Model: c.Model, MemoryMiB: c.MemoryMiB,
-			Cores: gpuinfo.FullCores, NUMANode: c.NUMANode, Healthy: c.Healthy,
+			Cores: gpuinfo.FullCores, NUMANode: c.NUMANode, Healthy: c.Healthy, MIGEnabled: c.MIGEnabled,
 		})
 	}
 	return inv

@@ -34,6 +34,9 @@ type Card struct {
 	NUMANode int `json:"numaNode"`
 	// Healthy is false while the card must not get new work.
 	Healthy bool `json:"healthy"`
+	// MIGEnabled reports that the card is in MIG mode; Tessera does not
+	// partition MIG cards, it only reports the mode.
+	MIGEnabled bool `json:"migEnabled,omitempty"`
 }
 
 // DecodeInventory parses and validates an inventory annotation. The cards of

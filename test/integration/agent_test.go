@@ -98,6 +98,17 @@ func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 	if p, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, "three", metav1.GetOptions{}); err != nil || p.Spec.NodeName != name {
 		t.Errorf("the pod on the unhealthy card was disturbed: %v", err)
 	}
+	events, err := e.client.EventsV1().Events(e.ns).List(e.tCtx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	told := false
+	for _, ev := range events.Items {
+		told = told || (ev.Reason == publish.ReasonGPUUnhealthy && ev.Regarding.Name == "three" && strings.Contains(ev.Note, "XID 79"))
+	}
+	if !told {
+		t.Error("no GPUUnhealthy event on the pod holding the card")
+	}
 }
 
 // TestSilentAgentNodeGetsNoPodsUntilItReports: a node whose agent's Lease is
