@@ -3,6 +3,7 @@ package testutil
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -49,6 +50,19 @@ func CheckError(t testing.TB, err error, want string) bool {
 		t.Fatalf("error = %v, want one containing %q", err, want)
 	}
 	return true
+}
+
+// SocketDir returns a directory for unix sockets, removed when the test
+// ends. It is short, unlike t.TempDir(): socket paths are limited to about
+// 100 bytes.
+func SocketDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 // EmptyCards returns an inventory annotation of version 1 listing n empty

@@ -13,6 +13,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 )
 
@@ -54,11 +55,7 @@ func receive[T any](t *testing.T, what string, ch <-chan T) T {
 
 func TestDevicePluginAgainstKubeletSockets(t *testing.T) {
 	tCtx := ktesting.Init(t)
-	dir, err := os.MkdirTemp("", "dp") // short: unix socket paths are limited
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testutil.SocketDir(t)
 	requests := make(chan *pluginapi.RegisterRequest, 4)
 	kubelet := startKubelet(t, dir, requests)
 

@@ -3,7 +3,6 @@ package nri
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +19,7 @@ import (
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -39,11 +39,7 @@ func gpuPod(name, uuid string) *v1.Pod {
 // (pkg/adaptation) over its unix socket, as containerd would.
 func TestNRIAgainstRuntime(t *testing.T) {
 	tCtx := ktesting.Init(t)
-	dir, err := os.MkdirTemp("", "nri") // short: unix socket paths are limited
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testutil.SocketDir(t)
 	socket := filepath.Join(dir, "nri.sock")
 
 	pods := map[string]*v1.Pod{}
