@@ -190,6 +190,7 @@ func (f *feed) onPodDelete(obj any) {
 	}
 	if pod, ok := obj.(*v1.Pod); ok {
 		f.ledger.RemovePod(pod.UID)
+		f.forget(pod.UID)
 	}
 }
 

@@ -52,6 +52,18 @@ func (hb *heartbeats) wait(node string, pod *v1.Pod) {
 	hb.waiting[node][pod.UID] = pod
 }
 
+// forget drops a deleted pod from every node's waiting list.
+func (hb *heartbeats) forget(uid types.UID) {
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	for node, pods := range hb.waiting {
+		delete(pods, uid)
+		if len(pods) == 0 {
+			delete(hb.waiting, node)
+		}
+	}
+}
+
 // activate moves the pods waiting on node back to the active queue.
 func (hb *heartbeats) activate(node string) {
 	hb.mu.Lock()
