@@ -1,8 +1,6 @@
 package gpuinfo
 
 import (
-	"fmt"
-
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -38,22 +36,4 @@ func HAMiResourceNames() ResourceNames {
 		MemoryPercent: "nvidia.com/gpumem-percentage",
 		Cores:         "nvidia.com/gpucores",
 	}
-}
-
-// Validate reports an error when a name is empty or two names collide.
-func (n ResourceNames) Validate() error {
-	seen := map[v1.ResourceName]string{}
-	for _, f := range []struct {
-		field string
-		name  v1.ResourceName
-	}{{"gpu", n.GPU}, {"memory", n.Memory}, {"memoryPercent", n.MemoryPercent}, {"cores", n.Cores}} {
-		if f.name == "" {
-			return fmt.Errorf("%s: must not be empty", f.field)
-		}
-		if other, dup := seen[f.name]; dup {
-			return fmt.Errorf("%s: %q is already used by %s", f.field, f.name, other)
-		}
-		seen[f.name] = f.field
-	}
-	return nil
 }

@@ -1,7 +1,6 @@
 package gpuinfo_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -172,16 +171,5 @@ func TestSelectorMatches(t *testing.T) {
 	}
 	if got, want := sel.String(), "model a100, model not 40gb, UUID not gpu-bad"; got != want {
 		t.Errorf("String() = %q, want %q", got, want)
-	}
-}
-
-func TestResourceNamesValidate(t *testing.T) {
-	if err := gpuinfo.DefaultResourceNames().Validate(); err != nil {
-		t.Errorf("default names: %v", err)
-	}
-	n := gpuinfo.DefaultResourceNames()
-	n.Cores = n.GPU
-	if err := n.Validate(); err == nil || !strings.Contains(err.Error(), "cores") {
-		t.Errorf("duplicate names: error = %v, want one naming cores", err)
 	}
 }

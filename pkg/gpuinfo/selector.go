@@ -16,11 +16,6 @@ type Selector struct {
 	ExcludeUUIDs  []string
 }
 
-// Empty reports whether the selector admits every card.
-func (s *Selector) Empty() bool {
-	return len(s.Models) == 0 && len(s.ExcludeModels) == 0 && len(s.UUIDs) == 0 && len(s.ExcludeUUIDs) == 0
-}
-
 // Matches reports whether a card qualifies. modelLower and uuidLower must be
 // lower case; Matches does not allocate.
 func (s *Selector) Matches(modelLower, uuidLower string) bool {

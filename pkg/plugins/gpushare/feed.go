@@ -67,11 +67,7 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, e
 	logger := klog.FromContext(ctx).WithName(Name)
 	f := &feed{ledger: ledger.New(), recorder: h.EventRecorder(), logger: logger, agentNamespace: agentNamespace}
 	f.heartbeats.activator, f.heartbeats.logger = h, logger
-	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    f.onNode,
-		UpdateFunc: func(_, obj any) { f.onNode(obj) },
-		DeleteFunc: f.onNodeDelete,
-	})
+	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(handlerFuncs(f.onNode, f.onNodeDelete))
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
 	}
@@ -80,22 +76,14 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, e
 		return nil, fmt.Errorf("%s: indexing pods: %w", Name, err)
 	}
 	f.pods = podInformer.GetIndexer()
-	pods, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    f.onPod,
-		UpdateFunc: func(_, obj any) { f.onPod(obj) },
-		DeleteFunc: f.onPodDelete,
-	})
+	pods, err := podInformer.AddEventHandler(handlerFuncs(f.onPod, f.onPodDelete))
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}
 	leaseInformer := factory.InformerFor(&coordinationv1.Lease{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
 		return coordinationinformers.NewFilteredLeaseInformer(c, agentNamespace, resync, cache.Indexers{}, nil)
 	})
-	leases, err := leaseInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    f.onLease,
-		UpdateFunc: func(_, obj any) { f.onLease(obj) },
-		DeleteFunc: f.onLeaseDelete,
-	})
+	leases, err := leaseInformer.AddEventHandler(handlerFuncs(f.onLease, f.onLeaseDelete))
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching agent leases: %w", Name, err)
 	}
@@ -156,6 +144,11 @@ func (f *feed) onPod(obj any) {
 		return
 	}
 	f.ledger.AddPod(pod.UID, pod.Spec.NodeName, gpuinfo.ContainerOrder(pod), a, false)
+}
+
+// handlerFuncs handles adds and updates alike with on, deletions with onDelete.
+func handlerFuncs(on, onDelete func(any)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{AddFunc: on, UpdateFunc: func(_, obj any) { on(obj) }, DeleteFunc: onDelete}
 }
 
 // uidIndex names the pod informer's index by UID.
