@@ -19,7 +19,23 @@ const (
 	Binpack Policy = iota
 	// Spread picks the least used card.
 	Spread
+	// FragmentationAware picks the card that raises the node's
+	// fragmentation with respect to the expected workload least (ties go
+	// to the tightest fit). Pods with several GPU containers, and placements
+	// without a workload, are placed as Binpack.
+	FragmentationAware
 )
+
+// Strategy is a policy with what it needs to know about the node.
+type Strategy struct {
+	Policy Policy
+	// Workload, when set, makes Place report the placement's fragmentation
+	// delta and lets FragmentationAware choose cards by it.
+	Workload *Workload
+	// CPUFreeMilli is the node's unrequested CPU and CPUMilli the pod's CPU
+	// request; both count only with a Workload.
+	CPUFreeMilli, CPUMilli int64
+}
 
 // Usage is an amount of memory and compute on one card.
 type Usage struct {

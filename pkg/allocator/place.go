@@ -22,6 +22,10 @@ type Outcome struct {
 	// UsedPermille is the node's usage after the placement, memory and
 	// compute averaged, in per mille of its capacity.
 	UsedPermille int64
+	// FragmentationDelta is how much the placement raises the node's
+	// fragmentation with respect to the strategy's workload, in per mille
+	// of a card; 0 without a workload.
+	FragmentationDelta float64
 }
 
 // scratch is Place's working memory, pooled so Place does not allocate.
@@ -31,6 +35,9 @@ type scratch struct {
 	base     [gpuinfo.MaxCardsPerNode]Usage
 	eligible [gpuinfo.MaxCardsPerNode]bool
 	taken    [gpuinfo.MaxCardsPerNode]bool
+	frag     fragment
+	// fragBefore is the node's fragmentation before the placement.
+	fragBefore float64
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -43,7 +50,7 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 // what the pod holds for containers that are not running at the same time;
 // sidecars and app containers add up. Multi-card containers get distinct
 // cards.
-func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, policy Policy, out *gpuinfo.Assignment) Outcome {
+func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, st Strategy, out *gpuinfo.Assignment) Outcome {
 	s := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(s)
 	n := len(cards)
@@ -72,18 +79,32 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	case eligible == 0:
 		return Outcome{Failure: Failure{Kind: NoHealthyCard}}
 	}
+	w := st.Workload
+	if w != nil {
+		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli)
+		s.fragBefore = s.frag.value(w)
+	}
+	policy := st.Policy
+	if policy == FragmentationAware && (w == nil || len(req.Containers) > 1) {
+		policy = Binpack
+	}
 	for ci := range req.Containers {
 		c := &req.Containers[ci]
-		if f, ok := s.placeContainer(cards[:n], c, policy, out); !ok {
+		if f, ok := s.placeContainer(cards[:n], c, policy, w, out); !ok {
 			f.Container = c
 			return Outcome{Failure: f}
 		}
 	}
-	return Outcome{Fits: true, UsedPermille: s.usedPermille(cards)}
+	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards)}
+	if w != nil {
+		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli-st.CPUMilli)
+		o.FragmentationDelta = s.frag.value(w) - s.fragBefore
+	}
+	return o
 }
 
 // placeContainer places one container, updating free, charge and base.
-func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, policy Policy, out *gpuinfo.Assignment) (Failure, bool) {
+func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, policy Policy, w *Workload, out *gpuinfo.Assignment) (Failure, bool) {
 	for i := range cards {
 		s.taken[i] = false
 	}
@@ -101,8 +122,11 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 			}
 			reuse := s.charge[i].sub(s.base[i]).covers(nd)
 			key := leftoverPermille(avail.sub(nd), card.Capacity)
-			if policy == Binpack {
+			switch policy {
+			case Binpack:
 				key = -key
+			case FragmentationAware:
+				key = s.fragKey(w, card, i, nd, key)
 			}
 			if best < 0 || (reuse && !bestReuse) || (reuse == bestReuse && key > bestKey) {
 				best, bestReuse, bestKey = i, reuse, key
@@ -122,6 +146,14 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 		}
 	}
 	return Failure{}, true
+}
+
+// fragKey ranks card i for a container taking nd by the node's
+// fragmentation after the placement, lower first, then by the tightest fit.
+func (s *scratch) fragKey(w *Workload, card *Card, i int, nd Usage, leftover int64) int64 {
+	f := s.frag
+	f.move(w, card, s.free[i], s.free[i].sub(nd))
+	return -int64(f.value(w)*100)*4096 - leftover
 }
 
 // commit records that a container of kind uses nd on card i: the pod's charge

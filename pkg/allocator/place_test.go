@@ -100,7 +100,7 @@ func TestPlaceChoosesCards(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cards, used := fourCards(tc.used...)
 			a := &gpuinfo.Assignment{Version: 1, Containers: map[string][]gpuinfo.CardAssignment{}}
-			out := allocator.Place(cards, used, nil, &tc.req, tc.policy, a)
+			out := allocator.Place(cards, used, nil, &tc.req, allocator.Strategy{Policy: tc.policy}, a)
 			if !out.Fits {
 				t.Fatalf("pod does not fit: %s", out.Failure.Message(""))
 			}
@@ -114,7 +114,7 @@ func TestPlaceChoosesCards(t *testing.T) {
 				t.Errorf("cards (-want,+got):\n%s", diff)
 			}
 			// Filter's answer (no output) must agree with Reserve's.
-			if again := allocator.Place(cards, used, nil, &tc.req, tc.policy, nil); again != out {
+			if again := allocator.Place(cards, used, nil, &tc.req, allocator.Strategy{Policy: tc.policy}, nil); again != out {
 				t.Errorf("Place without output = %+v, with output = %+v", again, out)
 			}
 		})
@@ -127,7 +127,7 @@ func TestPlaceIsDeterministic(t *testing.T) {
 	var first *gpuinfo.Assignment
 	for i := 0; i < 20; i++ {
 		a := &gpuinfo.Assignment{Version: 1, Containers: map[string][]gpuinfo.CardAssignment{}}
-		allocator.Place(cards, used, nil, req, allocator.Binpack, a)
+		allocator.Place(cards, used, nil, req, allocator.Strategy{Policy: allocator.Binpack}, a)
 		if first == nil {
 			first = a
 		} else if diff := cmp.Diff(first, a); diff != "" {
@@ -208,7 +208,7 @@ func TestPlaceFailures(t *testing.T) {
 					cards[i].Healthy = false
 				}
 			}
-			out := allocator.Place(cards, used, nil, &tc.req, allocator.Binpack, nil)
+			out := allocator.Place(cards, used, nil, &tc.req, allocator.Strategy{Policy: allocator.Binpack}, nil)
 			if out.Fits {
 				t.Fatal("pod fits, want a failure")
 			}
@@ -225,11 +225,11 @@ func TestPlaceFailures(t *testing.T) {
 func TestDeltasAdjustUsage(t *testing.T) {
 	cards, used := fourCards()
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 4, Cores: 100}}}
-	if out := allocator.Place(cards, used, nil, req, allocator.Binpack, nil); !out.Fits {
+	if out := allocator.Place(cards, used, nil, req, allocator.Strategy{Policy: allocator.Binpack}, nil); !out.Fits {
 		t.Fatal("four whole cards do not fit an empty node")
 	}
 	deltas := []allocator.Delta{{UUID: cards[2].UUID, Usage: allocator.Usage{MemoryMiB: 1}}}
-	if out := allocator.Place(cards, used, deltas, req, allocator.Binpack, nil); out.Fits {
+	if out := allocator.Place(cards, used, deltas, req, allocator.Strategy{Policy: allocator.Binpack}, nil); out.Fits {
 		t.Error("a delta on card 2 was ignored")
 	}
 }
@@ -250,7 +250,7 @@ func TestChargeMatchesPlacement(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cards, used := fourCards(allocator.Usage{MemoryMiB: 1000, Cores: 10})
 			a := &gpuinfo.Assignment{Version: 1, Containers: map[string][]gpuinfo.CardAssignment{}}
-			out := allocator.Place(cards, used, nil, &tc.req, allocator.Binpack, a)
+			out := allocator.Place(cards, used, nil, &tc.req, allocator.Strategy{Policy: allocator.Binpack}, a)
 			if !out.Fits {
 				t.Fatalf("does not fit: %s", out.Failure.Message(""))
 			}

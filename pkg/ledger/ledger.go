@@ -201,6 +201,23 @@ func (l *Ledger) BoundPods(nodeName string) []types.UID {
 	return uids
 }
 
+// BoundCount is the number of BoundPods, without listing them.
+func (l *Ledger) BoundCount(nodeName string) int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil {
+		return 0
+	}
+	count := 0
+	for uid := range n.pods {
+		if !l.pods[uid].assumed {
+			count++
+		}
+	}
+	return count
+}
+
 // Holds reports whether the ledger has cards recorded for the pod.
 func (l *Ledger) Holds(uid types.UID) bool {
 	l.mu.RLock()

@@ -105,9 +105,11 @@ func TestLedgerProperties(t *testing.T) {
 					uid := types.UID(fmt.Sprintf("pod-%d", step))
 					node := fmt.Sprintf("node-%d", r.Intn(4))
 					req := randomRequest(r)
-					policy := allocator.Policy(r.Intn(2))
-					fits, err := l.Fit(node, req, nil, policy)
-					a, rerr := l.Reserve(uid, node, orderOf(req), req, policy)
+					// Filter asks without a workload, Reserve places with one:
+					// their answers must agree.
+					policy := allocator.Policy(r.Intn(3))
+					fits, err := l.Fit(node, req, nil, allocator.Strategy{Policy: policy})
+					a, rerr := l.Reserve(uid, node, orderOf(req), req, allocator.Strategy{Policy: policy, Workload: testWorkload, CPUFreeMilli: 4000, CPUMilli: 1000})
 					if err == nil && fits.Fits != (rerr == nil) {
 						t.Fatalf("step %d: Fit says %v, Reserve says %v", step, fits.Fits, rerr)
 					}
@@ -160,7 +162,7 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 4, Cores: 100}}}
-	a, err := l.Reserve("p", "n", orderOf(req), req, allocator.Binpack)
+	a, err := l.Reserve("p", "n", orderOf(req), req, allocator.Strategy{Policy: allocator.Binpack})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +172,7 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 	}
 	checkNoOvercommit(t, 0, l)
 	one := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1}}}
-	if out, _ := l.Fit("n", one, nil, allocator.Binpack); out.Fits {
+	if out, _ := l.Fit("n", one, nil, allocator.Strategy{Policy: allocator.Binpack}); out.Fits {
 		t.Error("a card still held by a running pod was offered after the inventory shrank")
 	}
 	if _, err := l.SetInventory("n", "", testutil.MustEncode(full), true); err != nil {
@@ -194,10 +196,10 @@ func TestInvalidInventoryOffersNothing(t *testing.T) {
 		t.Error("the same annotation twice reported a change")
 	}
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1}}}
-	if _, err := l.Fit("n", req, nil, allocator.Binpack); err == nil {
+	if _, err := l.Fit("n", req, nil, allocator.Strategy{Policy: allocator.Binpack}); err == nil {
 		t.Error("Fit on an invalid inventory returned no error")
 	}
-	if _, err := l.Fit("unknown", req, nil, allocator.Binpack); err != ledger.ErrNoInventory {
+	if _, err := l.Fit("unknown", req, nil, allocator.Strategy{Policy: allocator.Binpack}); err != ledger.ErrNoInventory {
 		t.Errorf("Fit on an unknown node = %v, want ErrNoInventory", err)
 	}
 }
@@ -232,16 +234,24 @@ func TestConcurrentFit(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 500; i++ {
-				_, _ = l.Fit(fmt.Sprint("n", i%8), req, nil, allocator.Binpack)
+				_, _ = l.Fit(fmt.Sprint("n", i%8), req, nil, allocator.Strategy{Policy: allocator.Binpack})
 			}
 		}()
 	}
 	for i := 0; i < 300; i++ {
 		uid := types.UID(fmt.Sprint("p", i))
-		if _, err := l.Reserve(uid, fmt.Sprint("n", i%8), orderOf(req), req, allocator.Binpack); err == nil && i%2 == 0 {
+		if _, err := l.Reserve(uid, fmt.Sprint("n", i%8), orderOf(req), req, allocator.Strategy{Policy: allocator.Binpack}); err == nil && i%2 == 0 {
 			l.RemovePod(uid)
 		}
 	}
 	wg.Wait()
 	checkNoOvercommit(t, 0, l)
 }
+
+// testWorkload is a mix of whole-card and shared requests.
+var testWorkload = &allocator.Workload{Shapes: []allocator.Shape{
+	{Weight: 0.4, CPUMilli: 2000, Container: gpuinfo.ContainerRequest{Count: 1, Cores: gpuinfo.FullCores}},
+	{Weight: 0.1, CPUMilli: 8000, Container: gpuinfo.ContainerRequest{Count: 2, Cores: gpuinfo.FullCores}},
+	{Weight: 0.3, CPUMilli: 1000, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 50, MemoryPercent: 50}},
+	{Weight: 0.2, CPUMilli: 1000, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 25, MemoryMiB: 4096}},
+}}

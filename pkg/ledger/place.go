@@ -17,16 +17,16 @@ var ErrStaleInventory = errors.New("GPU inventory changed")
 // Fit places req on a node without recording anything: the answer to Filter
 // and Score. err is the node's inventory problem (ErrNoInventory or a
 // decoding error), in which case the outcome is empty.
-func (l *Ledger) Fit(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (allocator.Outcome, error) {
+func (l *Ledger) Fit(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	return l.fitLocked(nodeName, req, deltas, policy)
+	return l.fitLocked(nodeName, req, deltas, st)
 }
 
 // FitCurrent is Fit for a caller holding the node's current inventory
 // annotation (raw, present): it returns ErrStaleInventory when the ledger has
 // not recorded that annotation yet, so the caller can record it and retry.
-func (l *Ledger) FitCurrent(nodeName, raw string, present bool, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (allocator.Outcome, error) {
+func (l *Ledger) FitCurrent(nodeName, raw string, present bool, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if n := l.nodes[nodeName]; n == nil || n.hasReport != present || n.raw != raw {
@@ -34,10 +34,10 @@ func (l *Ledger) FitCurrent(nodeName, raw string, present bool, req *gpuinfo.Pod
 			return allocator.Outcome{}, ErrStaleInventory
 		}
 	}
-	return l.fitLocked(nodeName, req, deltas, policy)
+	return l.fitLocked(nodeName, req, deltas, st)
 }
 
-func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (allocator.Outcome, error) {
+func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
 	n := l.nodes[nodeName]
 	if n == nil {
 		return allocator.Outcome{}, ErrNoInventory
@@ -45,12 +45,27 @@ func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []al
 	if n.err != nil {
 		return allocator.Outcome{}, n.err
 	}
-	return allocator.Place(n.cards, n.used, deltas, req, policy, nil), nil
+	return allocator.Place(n.cards, n.used, deltas, req, st, nil), nil
+}
+
+// FitWithoutGPU is Fit for a pod that asks for no GPUs: the outcome's
+// fragmentation delta is what its CPU request does to the node.
+func (l *Ledger) FitWithoutGPU(nodeName string, st allocator.Strategy) (allocator.Outcome, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil {
+		return allocator.Outcome{}, ErrNoInventory
+	}
+	if n.err != nil {
+		return allocator.Outcome{}, n.err
+	}
+	return allocator.PlaceWithoutGPU(n.cards, n.used, st), nil
 }
 
 // Reserve places the pod on the node and records it as assumed. It returns
 // the assignment, or an error when the pod no longer fits.
-func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, policy allocator.Policy) (*gpuinfo.Assignment, error) {
+func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, st allocator.Strategy) (*gpuinfo.Assignment, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.removePodLocked(uid)
@@ -59,7 +74,7 @@ func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedCo
 		return nil, fmt.Errorf("node %s: %w", nodeName, ErrNoInventory)
 	}
 	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
-	out := allocator.Place(n.cards, n.used, nil, req, policy, a)
+	out := allocator.Place(n.cards, n.used, nil, req, st, a)
 	if !out.Fits {
 		return nil, fmt.Errorf("%s", out.Failure.Message(req.Selector.String()))
 	}
@@ -70,7 +85,7 @@ func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedCo
 // Simulate places req on the node as adjusted by deltas and returns the
 // deltas of that placement: what a nominated pod would hold. ok is false when
 // it does not fit.
-func (l *Ledger) Simulate(nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, deltas []allocator.Delta, policy allocator.Policy) (added []allocator.Delta, ok bool) {
+func (l *Ledger) Simulate(nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (added []allocator.Delta, ok bool) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	n := l.nodes[nodeName]
@@ -78,7 +93,7 @@ func (l *Ledger) Simulate(nodeName string, order []gpuinfo.NamedContainer, req *
 		return nil, false
 	}
 	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
-	if out := allocator.Place(n.cards, n.used, deltas, req, policy, a); !out.Fits {
+	if out := allocator.Place(n.cards, n.used, deltas, req, st, a); !out.Fits {
 		return nil, false
 	}
 	return toDeltas(n.cards, allocator.Charge(n.cards, order, a), 1), true

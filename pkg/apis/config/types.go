@@ -14,6 +14,9 @@ const (
 	PolicyBinpack Policy = "Binpack"
 	// PolicySpread prefers the least used nodes and cards.
 	PolicySpread Policy = "Spread"
+	// PolicyFragmentationAware prefers the placement that leaves the least
+	// GPU unusable by the workload the scheduler has been seeing.
+	PolicyFragmentationAware Policy = "FragmentationAware"
 )
 
 // GPUShareArgs configures the GPUShare plugin.

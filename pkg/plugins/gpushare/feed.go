@@ -20,6 +20,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 	"github.com/tessera-gpu/tessera/pkg/ledger"
+	"github.com/tessera-gpu/tessera/pkg/workload"
 )
 
 // Event reasons the plugin records for operators.
@@ -44,6 +45,10 @@ type feed struct {
 	// all delivered their initial lists.
 	handlers []cache.ResourceEventHandlerRegistration
 	synced   atomic.Bool
+	// learner learns the workload from pending pods' requests, read with
+	// the names of the first profile's args.
+	learner *workload.Learner
+	names   gpuinfo.ResourceNames
 }
 
 var (
@@ -54,7 +59,7 @@ var (
 // feedFor returns the feed of the handle's informer factory, creating it and
 // registering its handlers on first use. Every profile must watch the agents'
 // Leases in the same namespace.
-func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, error) {
+func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpuinfo.ResourceNames) (*feed, error) {
 	feedsMu.Lock()
 	defer feedsMu.Unlock()
 	factory := h.SharedInformerFactory()
@@ -65,7 +70,8 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, e
 		return f, nil
 	}
 	logger := klog.FromContext(ctx).WithName(Name)
-	f := &feed{ledger: ledger.New(), recorder: h.EventRecorder(), logger: logger, agentNamespace: agentNamespace}
+	f := &feed{ledger: ledger.New(), recorder: h.EventRecorder(), logger: logger, agentNamespace: agentNamespace,
+		learner: workload.NewLearner(workload.DefaultHalfLife), names: names}
 	f.heartbeats.activator, f.heartbeats.logger = h, logger
 	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(handlerFuncs(f.onNode, f.onNodeDelete))
 	if err != nil {
@@ -76,7 +82,14 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, e
 		return nil, fmt.Errorf("%s: indexing pods: %w", Name, err)
 	}
 	f.pods = podInformer.GetIndexer()
-	pods, err := podInformer.AddEventHandler(handlerFuncs(f.onPod, f.onPodDelete))
+	podHandlers := handlerFuncs(f.onPod, f.onPodDelete)
+	podHandlers.AddFunc = func(obj any) {
+		if pod, ok := obj.(*v1.Pod); ok {
+			f.observe(pod)
+		}
+		f.onPod(obj)
+	}
+	pods, err := podInformer.AddEventHandler(podHandlers)
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}

@@ -30,7 +30,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentSilentMessage(nodeInfo.Node().Name, age))
 		}
 	}
-	out, err := p.fit(s, nodeInfo.Node())
+	out, err := p.fit(s, nodeInfo, allocator.Strategy{Policy: p.gpuPolicy})
 	switch {
 	case err != nil:
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)

@@ -3,7 +3,7 @@ package gpushare
 import (
 	"errors"
 
-	v1 "k8s.io/api/core/v1"
+	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -17,19 +17,34 @@ import (
 // for lack of capacity, drops pods the API no longer has before answering.
 // Otherwise a pod tried in that moment would be rejected on stale data and
 // wait for an unrelated event.
-func (p *Plugin) fit(s *cycleState, node *v1.Node) (allocator.Outcome, error) {
+func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, st allocator.Strategy) (allocator.Outcome, error) {
+	node := nodeInfo.Node()
 	raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
 	deltas := s.deltas[node.Name]
-	out, err := p.ledger.FitCurrent(node.Name, raw, present, s.req, deltas, p.gpuPolicy)
+	out, err := p.ledger.FitCurrent(node.Name, raw, present, s.req, deltas, st)
 	if errors.Is(err, ledger.ErrStaleInventory) {
 		p.onNode(node)
-		out, err = p.ledger.Fit(node.Name, s.req, deltas, p.gpuPolicy)
+		out, err = p.ledger.Fit(node.Name, s.req, deltas, st)
 	}
 	if err != nil || out.Fits || len(deltas) > 0 {
 		return out, err
 	}
-	if k := out.Failure.Kind; (k == allocator.NoCapacity || k == allocator.TooFewCards) && p.dropDeletedPods(node.Name) {
-		return p.ledger.Fit(node.Name, s.req, deltas, p.gpuPolicy)
+	if k := out.Failure.Kind; (k == allocator.NoCapacity || k == allocator.TooFewCards) &&
+		p.ledger.BoundCount(node.Name) > boundGPUPods(nodeInfo) && p.dropDeletedPods(node.Name) {
+		return p.ledger.Fit(node.Name, s.req, deltas, st)
 	}
 	return out, err
+}
+
+// boundGPUPods counts the pods the scheduler's snapshot has bound to the node
+// with a GPU assignment. When the ledger records more, the snapshot has seen
+// a deletion the ledger has not: only then is the informer store consulted.
+func boundGPUPods(nodeInfo fwk.NodeInfo) int {
+	n := 0
+	for _, pi := range nodeInfo.GetPods() {
+		if _, ok := pi.GetPod().Annotations[gpuinfo.AssignmentAnnotation]; ok {
+			n++
+		}
+	}
+	return n
 }

@@ -40,8 +40,9 @@ var (
 
 // policies maps configured policy names to the allocator's.
 var policies = map[config.Policy]allocator.Policy{
-	config.PolicyBinpack: allocator.Binpack,
-	config.PolicySpread:  allocator.Spread,
+	config.PolicyBinpack:            allocator.Binpack,
+	config.PolicySpread:             allocator.Spread,
+	config.PolicyFragmentationAware: allocator.FragmentationAware,
 }
 
 // Plugin is the GPUShare plugin. One instance serves one scheduler profile.
@@ -82,7 +83,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 			Cores:         v1.ResourceName(args.ResourceNames.Cores),
 		},
 	}
-	p.feed, err = feedFor(ctx, h, args.AgentNamespace)
+	p.feed, err = feedFor(ctx, h, args.AgentNamespace, p.names)
 	if err != nil {
 		return nil, err
 	}

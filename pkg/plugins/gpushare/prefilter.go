@@ -68,7 +68,7 @@ func (p *Plugin) AddPod(ctx context.Context, state fwk.CycleState, _ *v1.Pod, po
 	if err != nil || req == nil {
 		return nil
 	}
-	d, ok := p.ledger.Simulate(nodeName, gpuinfo.ContainerOrder(added), req, s.deltas[nodeName], p.gpuPolicy)
+	d, ok := p.ledger.Simulate(nodeName, gpuinfo.ContainerOrder(added), req, s.deltas[nodeName], allocator.Strategy{Policy: p.gpuPolicy})
 	if !ok {
 		klog.FromContext(ctx).V(4).Info("Nominated pod does not fit its node's GPUs", "pod", klog.KObj(added), "node", nodeName)
 		return nil

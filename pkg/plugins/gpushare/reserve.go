@@ -6,6 +6,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
 )
 
 // Reserve chooses the pod's cards on the node and records them in the ledger
@@ -15,7 +17,13 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	if s == nil {
 		return nil
 	}
-	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, p.gpuPolicy)
+	st := allocator.Strategy{Policy: p.gpuPolicy}
+	if p.gpuPolicy == allocator.FragmentationAware {
+		if nodeInfo, err := p.handle.SnapshotSharedLister().NodeInfos().Get(nodeName); err == nil {
+			st = p.strategy(p.learner.Workload(), nodeInfo, podCPUMilli(pod))
+		}
+	}
+	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, st)
 	if err != nil {
 		return fwk.NewStatus(fwk.Unschedulable, err.Error())
 	}

@@ -20,6 +20,10 @@ type cycleState struct {
 	// deltas adjusts the ledger per node; nil unless AddPod/RemovePod ran.
 	deltas     map[string][]allocator.Delta
 	assignment *gpuinfo.Assignment
+	// workload and cpuMilli are set by PreScore when a policy measures
+	// fragmentation.
+	workload *allocator.Workload
+	cpuMilli int64
 }
 
 // Clone copies the per-node adjustments; the request is shared, read-only.

@@ -10,9 +10,11 @@ import (
 type GPUShareArgs struct {
 	metav1.TypeMeta `json:",inline"`
 
-	// NodePolicy ranks feasible nodes: Binpack (default) or Spread.
+	// NodePolicy ranks feasible nodes: Binpack (default), Spread or
+	// FragmentationAware.
 	NodePolicy *string `json:"nodePolicy,omitempty"`
-	// GPUPolicy chooses cards on the chosen node: Binpack (default) or Spread.
+	// GPUPolicy chooses cards on the chosen node: Binpack (default), Spread
+	// or FragmentationAware.
 	GPUPolicy *string `json:"gpuPolicy,omitempty"`
 	// ResourceNames are the container resource names pods ask with; unset
 	// names default to Tessera's (tessera.io/gpu, ...).

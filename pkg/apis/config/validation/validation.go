@@ -2,6 +2,8 @@
 package validation
 
 import (
+	"slices"
+
 	v1 "k8s.io/api/core/v1"
 	utilvalidation "k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -10,7 +12,7 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 )
 
-var policies = []string{string(config.PolicyBinpack), string(config.PolicySpread)}
+var policies = []string{string(config.PolicyBinpack), string(config.PolicySpread), string(config.PolicyFragmentationAware)}
 
 // ValidateGPUShareArgs returns every problem of the args, with field paths
 // under path.
@@ -20,7 +22,7 @@ func ValidateGPUShareArgs(path *field.Path, args *config.GPUShareArgs) error {
 		name  string
 		value config.Policy
 	}{{"nodePolicy", args.NodePolicy}, {"gpuPolicy", args.GPUPolicy}} {
-		if p.value != config.PolicyBinpack && p.value != config.PolicySpread {
+		if !slices.Contains(policies, string(p.value)) {
 			errs = append(errs, field.NotSupported(path.Child(p.name), p.value, policies))
 		}
 	}

@@ -41,6 +41,9 @@ func TestValidateGPUShareArgs(t *testing.T) {
 		wantErr string
 	}{
 		{"spread", func(a *config.GPUShareArgs) { a.NodePolicy, a.GPUPolicy = config.PolicySpread, config.PolicySpread }, ""},
+		{"fragmentation-aware", func(a *config.GPUShareArgs) {
+			a.NodePolicy, a.GPUPolicy = config.PolicyFragmentationAware, config.PolicyFragmentationAware
+		}, ""},
 		{"heartbeat check off", func(a *config.GPUShareArgs) { a.AgentHeartbeatTimeout = metav1.Duration{} }, ""},
 		{"unknown node policy", func(a *config.GPUShareArgs) { a.NodePolicy = "Tightest" }, `args.nodePolicy: Unsupported value: "Tightest"`},
 		{"unknown gpu policy", func(a *config.GPUShareArgs) { a.GPUPolicy = "" }, `args.gpuPolicy: Unsupported value: ""`},

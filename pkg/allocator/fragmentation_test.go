@@ -1,0 +1,140 @@
+package allocator_test
+
+import (
+	"math"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+func pct(p int64) gpuinfo.ContainerRequest {
+	return gpuinfo.ContainerRequest{Name: "c", Count: 1, Cores: p, MemoryPercent: p}
+}
+
+func only(c gpuinfo.ContainerRequest, cpu int64) *allocator.Workload {
+	return &allocator.Workload{Shapes: []allocator.Shape{{Weight: 1, CPUMilli: cpu, Container: c}}}
+}
+
+// used returns per-card usage on 16 GiB cards, in percent of each.
+func usedPct(ps ...int64) []allocator.Usage {
+	u := make([]allocator.Usage, 4)
+	for i, p := range ps {
+		u[i] = allocator.Usage{MemoryMiB: 16384 * p / 100, Cores: p}
+	}
+	return u
+}
+
+func TestFragmentationAwarePlacement(t *testing.T) {
+	wholeCard := gpuinfo.ContainerRequest{Count: 1, Cores: gpuinfo.FullCores}
+	tests := []struct {
+		name      string
+		used      []allocator.Usage
+		req       gpuinfo.ContainerRequest
+		workload  *allocator.Workload
+		policy    allocator.Policy
+		wantCard  int
+		wantDelta float64
+	}{
+		{
+			// 40 % is left, too little for the half-card requests the
+			// workload is made of.
+			name:      "the only card left",
+			used:      usedPct(40, 100, 100, 100),
+			req:       pct(20),
+			workload:  only(pct(50), 0),
+			policy:    allocator.FragmentationAware,
+			wantCard:  0,
+			wantDelta: 400,
+		},
+		{
+			name:      "binpack on the same node strands 40 %",
+			used:      usedPct(40, 0, 100, 100),
+			req:       pct(20),
+			workload:  only(pct(50), 0),
+			policy:    allocator.Binpack,
+			wantCard:  0,
+			wantDelta: 400,
+		},
+		{
+			name:      "fragmentation-aware takes the empty card there",
+			used:      usedPct(40, 0, 100, 100),
+			req:       pct(20),
+			workload:  only(pct(50), 0),
+			policy:    allocator.FragmentationAware,
+			wantCard:  1,
+			wantDelta: 0,
+		},
+		{
+			// A share on an empty card strands the rest of it for whole-card
+			// requests; on the partly used card it strands less.
+			name:      "whole-card workload: shares go to used cards",
+			used:      usedPct(70, 0, 0, 100),
+			req:       pct(25),
+			workload:  only(wholeCard, 0),
+			policy:    allocator.FragmentationAware,
+			wantCard:  0,
+			wantDelta: -250,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cards, _ := fourCards()
+			req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{tc.req}}
+			a := &gpuinfo.Assignment{Containers: map[string][]gpuinfo.CardAssignment{}}
+			out := allocator.Place(cards, tc.used, nil, req, allocator.Strategy{Policy: tc.policy, Workload: tc.workload, CPUFreeMilli: 1000}, a)
+			if !out.Fits {
+				t.Fatalf("does not fit: %+v", out.Failure)
+			}
+			if got := a.Containers["c"][0].Index; got != tc.wantCard {
+				t.Errorf("card %d, want %d", got, tc.wantCard)
+			}
+			if math.Abs(out.FragmentationDelta-tc.wantDelta) > 1e-9 {
+				t.Errorf("fragmentation delta %v, want %v", out.FragmentationDelta, tc.wantDelta)
+			}
+		})
+	}
+}
+
+// Filter places without a workload (as Binpack) and Reserve with one: a pod
+// must fit in both or neither.
+func TestFragmentationAwareFitsLikeBinpack(t *testing.T) {
+	cards, _ := fourCards()
+	w := only(pct(50), 0)
+	for _, used := range [][]allocator.Usage{usedPct(40, 90, 100, 100), usedPct(100, 100, 100, 100), usedPct(10, 20, 30, 40)} {
+		for _, p := range []int64{5, 50, 70, 100} {
+			req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{pct(p)}}
+			filter := allocator.Place(cards, used, nil, req, allocator.Strategy{Policy: allocator.FragmentationAware}, nil)
+			reserve := allocator.Place(cards, used, nil, req, allocator.Strategy{Policy: allocator.FragmentationAware, Workload: w}, nil)
+			if filter.Fits != reserve.Fits {
+				t.Errorf("used %v, %d%%: Filter fits %v, Reserve fits %v", used, p, filter.Fits, reserve.Fits)
+			}
+		}
+	}
+}
+
+func TestPlaceWithoutGPU(t *testing.T) {
+	cards, _ := fourCards()
+	used := usedPct(50, 100, 100, 100)
+	w := only(pct(50), 4000)
+	tests := []struct {
+		name          string
+		cpuFree, take int64
+		want          float64
+	}{
+		{"CPU left for the workload", 8000, 1000, 0},
+		// Below 4000 m the half-card requests cannot land: card 0's free half
+		// is stranded.
+		{"CPU exhausted strands the free GPU", 4500, 1000, 500},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out := allocator.PlaceWithoutGPU(cards, used, allocator.Strategy{Workload: w, CPUFreeMilli: tc.cpuFree, CPUMilli: tc.take})
+			if diff := cmp.Diff(tc.want, out.FragmentationDelta); diff != "" {
+				t.Errorf("fragmentation delta (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -1,0 +1,103 @@
+package workload_test
+
+import (
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/workload"
+)
+
+func sharePct(p int64) *gpuinfo.PodRequest {
+	return &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, Cores: p, MemoryPercent: p}}}
+}
+
+// weightOf sums the weight of shapes with the given per-card cores.
+func weightOf(w *allocator.Workload, cores int64, count int) float64 {
+	var sum float64
+	for _, s := range w.Shapes {
+		if s.Container.Cores == cores && s.Container.Count == count {
+			sum += s.Weight
+		}
+	}
+	return sum
+}
+
+func checkNormalised(t *testing.T, w *allocator.Workload) {
+	t.Helper()
+	var sum float64
+	for _, s := range w.Shapes {
+		sum += s.Weight
+	}
+	if math.Abs(sum-1) > 1e-9 || len(w.Shapes) > allocator.MaxShapes {
+		t.Fatalf("workload of %d shapes with weights summing to %v", len(w.Shapes), sum)
+	}
+}
+
+func TestLearnerStartsFromThePrior(t *testing.T) {
+	w := workload.NewLearner(workload.DefaultHalfLife).Workload()
+	checkNormalised(t, w)
+	if len(w.Shapes) != len(workload.Prior) {
+		t.Fatalf("%d shapes, want the prior's %d", len(w.Shapes), len(workload.Prior))
+	}
+}
+
+func TestLearnerFollowsTheRequests(t *testing.T) {
+	l := workload.NewLearner(500)
+	for i := 0; i < 2000; i++ {
+		l.Observe(sharePct(30), 3000)
+	}
+	w := l.Workload()
+	checkNormalised(t, w)
+	if got := weightOf(w, 30, 1); got < 0.9 {
+		t.Fatalf("30%% share weighs %.3f after 2000 observations of it, want most of the mix", got)
+	}
+	if cpu := w.Shapes[0].CPUMilli; cpu != 3000 {
+		t.Errorf("heaviest shape's CPU %d, want 3000", cpu)
+	}
+	// The workload shifts to whole cards; with a half-life of 500 requests
+	// the old shape fades.
+	whole := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "a", Count: 2, Cores: gpuinfo.FullCores}, {Name: "b", Count: 1, Cores: gpuinfo.FullCores}}}
+	for i := 0; i < 2000; i++ {
+		l.Observe(whole, 16000)
+	}
+	w = l.Workload()
+	if got, old := weightOf(w, gpuinfo.FullCores, 3), weightOf(w, 30, 1); got < 0.9 || old > 0.1 {
+		t.Fatalf("after the shift: 3 whole cards weigh %.3f, the old share %.3f", got, old)
+	}
+}
+
+func TestLearnerKeepsTheHeaviestShapes(t *testing.T) {
+	l := workload.NewLearner(workload.DefaultHalfLife)
+	for p := int64(1); p < 100; p++ {
+		for i := int64(0); i < p; i++ {
+			l.Observe(sharePct(p), 1000)
+		}
+	}
+	w := l.Workload()
+	checkNormalised(t, w)
+	if len(w.Shapes) != allocator.MaxShapes {
+		t.Fatalf("%d shapes, want %d", len(w.Shapes), allocator.MaxShapes)
+	}
+	if w.Shapes[0].Container.Cores != 99 {
+		t.Errorf("heaviest shape is %d%%, want the most observed, 99%%", w.Shapes[0].Container.Cores)
+	}
+}
+
+func TestLearnerConcurrentUse(t *testing.T) {
+	l := workload.NewLearner(100)
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 500; i++ {
+				l.Observe(sharePct(int64(1+(g*7+i)%99)), 1000)
+				checkNormalised(t, l.Workload())
+			}
+		}()
+	}
+	wg.Wait()
+}
