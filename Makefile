@@ -4,11 +4,14 @@ GO       ?= go
 BIN      ?= bin
 # Packages run under the race detector: the plugin and everything it calls
 # concurrently from the framework's parallel Filter.
-RACE_PKGS := ./pkg/plugins/... ./pkg/ledger/... ./pkg/allocator/... ./pkg/gpuinfo/...
+RACE_PKGS := ./pkg/plugins/... ./pkg/ledger/... ./pkg/allocator/... ./pkg/gpuinfo/... ./pkg/workload/...
 FUZZTIME ?= 10s
+# Interleaved rounds of the throughput benchmark; task lists the simulator replays.
+ROUNDS   ?= 3
+TRACES   ?= default
 FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 
-.PHONY: all build demo test test-unit test-race fuzz bench lint clean
+.PHONY: all build demo test test-unit test-race fuzz bench bench-throughput sim lint clean
 
 all: build
 
@@ -26,7 +29,7 @@ demo:
 test: test-unit test-race fuzz
 
 test-unit:
-	$(GO) test $$($(GO) list ./... | grep -v -e /pkg/plugins/ -e /pkg/ledger -e /pkg/allocator -e /pkg/gpuinfo)
+	$(GO) test $$($(GO) list ./... | grep -v -e /pkg/plugins/ -e /pkg/ledger -e /pkg/allocator -e /pkg/gpuinfo -e /pkg/workload)
 
 test-race:
 	$(GO) test -race $(RACE_PKGS)
@@ -40,6 +43,14 @@ fuzz:
 ## bench: the plugin's per-node benchmarks (figures go to docs/performance.md)
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./pkg/plugins/gpushare/
+
+## bench-throughput: pods/s of Tessera vs vanilla kube-scheduler, 1,000 and 5,000 nodes (about half an hour)
+bench-throughput:
+	$(GO) test -run='^$$' -bench=Throughput -benchtime=$(ROUNDS)x -timeout=120m ./test/integration/
+
+## sim: replay the openb trace (TRACES=all for every task list; SIM_ARGS for more flags, see docs/performance.md)
+sim:
+	$(GO) run ./cmd/tessera-sim --workloads=$(TRACES) $(SIM_ARGS)
 
 ## lint: gofmt and go vet
 lint:

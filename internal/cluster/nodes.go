@@ -74,10 +74,19 @@ func ensureNamespace(ctx context.Context, client kubernetes.Interface, name stri
 	return err
 }
 
-// CreateGPUNode creates a Ready node with 64 CPUs, 512 GiB and 110 pods
-// allocatable, the given labels, and the inventory annotation (none when inv
-// is nil). Tests use it for inventories no agent would write.
+// CreateGPUNode creates NewGPUNode(name, inv, labels). Tests use it for
+// inventories no agent would write.
 func CreateGPUNode(ctx context.Context, client kubernetes.Interface, name string, inv *gpuinfo.Inventory, labels map[string]string) (*v1.Node, error) {
+	node, err := NewGPUNode(name, inv, labels)
+	if err != nil {
+		return nil, err
+	}
+	return client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+}
+
+// NewGPUNode is a Ready node with 64 CPUs, 512 GiB and 110 pods allocatable,
+// the given labels, and the inventory annotation (none when inv is nil).
+func NewGPUNode(name string, inv *gpuinfo.Inventory, labels map[string]string) (*v1.Node, error) {
 	node := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.LabelHostname: name}},
 		Status: v1.NodeStatus{
@@ -100,5 +109,5 @@ func CreateGPUNode(ctx context.Context, client kubernetes.Interface, name string
 		}
 		node.Annotations = map[string]string{gpuinfo.InventoryAnnotation: raw}
 	}
-	return client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	return node, nil
 }

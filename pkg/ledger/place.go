@@ -38,14 +38,20 @@ func (l *Ledger) FitCurrent(nodeName, raw string, present bool, req *gpuinfo.Pod
 }
 
 func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
-	n := l.nodes[nodeName]
-	if n == nil {
-		return allocator.Outcome{}, ErrNoInventory
-	}
-	if n.err != nil {
-		return allocator.Outcome{}, n.err
+	n, err := l.usableNode(nodeName)
+	if err != nil {
+		return allocator.Outcome{}, err
 	}
 	return allocator.Place(n.cards, n.used, deltas, req, st, nil), nil
+}
+
+// usableNode returns the node's entry, or why its GPUs cannot be used.
+func (l *Ledger) usableNode(nodeName string) (*node, error) {
+	n := l.nodes[nodeName]
+	if n == nil {
+		return nil, ErrNoInventory
+	}
+	return n, n.err
 }
 
 // FitWithoutGPU is Fit for a pod that asks for no GPUs: the outcome's
@@ -53,14 +59,23 @@ func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []al
 func (l *Ledger) FitWithoutGPU(nodeName string, st allocator.Strategy) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	n := l.nodes[nodeName]
-	if n == nil {
-		return allocator.Outcome{}, ErrNoInventory
-	}
-	if n.err != nil {
-		return allocator.Outcome{}, n.err
+	n, err := l.usableNode(nodeName)
+	if err != nil {
+		return allocator.Outcome{}, err
 	}
 	return allocator.PlaceWithoutGPU(n.cards, n.used, st), nil
+}
+
+// AddSlots is allocator.AddSlots on the node's current usage; a node without
+// a valid inventory adds nothing.
+func (l *Ledger) AddSlots(nodeName string, w *allocator.Workload, cpuFree int64, slots []float64) int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil || n.err != nil {
+		return 0
+	}
+	return allocator.AddSlots(n.cards, n.used, w, cpuFree, slots)
 }
 
 // Reserve places the pod on the node and records it as assumed. It returns

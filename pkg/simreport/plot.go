@@ -30,10 +30,12 @@ func Plot(path, trace string, tessera, artifact []Mean) error {
 	p.Title.Text = fmt.Sprintf("openb %s: GPU allocation vs arrived workload (mean of seeds)", trace)
 	p.X.Label.Text = "arrived GPU workload (% of capacity)"
 	p.Y.Label.Text = "GPU allocated (% of capacity)"
-	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = 0, 130, 0, 100
+	// Every policy places everything until the cluster nears full: the
+	// plot starts at half the capacity, where they part.
+	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = 50, 130, 50, 100
 	p.Add(plotter.NewGrid())
 	p.Legend.Top, p.Legend.Left = false, false
-	p.Legend.XOffs, p.Legend.YOffs = -vg.Millimeter*2, vg.Millimeter*20
+	p.Legend.XOffs, p.Legend.YOffs = -vg.Millimeter*2, vg.Millimeter*10
 
 	ideal := plotter.XYs{{X: 0, Y: 0}, {X: 100, Y: 100}, {X: 130, Y: 100}}
 	if err := addLine(p, "every task placed", ideal, color.Gray{Y: 0x90}, []vg.Length{vg.Points(1), vg.Points(3)}); err != nil {

@@ -76,7 +76,7 @@ func ReadCSV(r io.Reader) ([]Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(records) == 0 || !slices.Equal(records[0][:5], header()[:5]) || len(records[0]) < 5+sim.MaxArrivedPercent+1 {
+	if len(records) == 0 || len(records[0]) < 5+sim.MaxArrivedPercent+1 || !slices.Equal(records[0][:5], header()[:5]) {
 		return nil, fmt.Errorf("not the artifact's layout: want columns %s,0..%d", strings.Join(header()[:5], ","), sim.MaxArrivedPercent)
 	}
 	runs := make([]Run, 0, len(records)-1)

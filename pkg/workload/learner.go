@@ -8,7 +8,9 @@ package workload
 
 import (
 	"math"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,9 +80,16 @@ type bin struct {
 // NewLearner returns a learner seeded with the prior. halfLife is in
 // observations.
 func NewLearner(halfLife int) *Learner {
+	if v, err := strconv.Atoi(os.Getenv("EXP_HALFLIFE")); err == nil {
+		halfLife = v
+	}
+	prior := float64(priorObservations)
+	if v, err := strconv.Atoi(os.Getenv("EXP_PRIOR")); err == nil {
+		prior = float64(v)
+	}
 	l := &Learner{bins: map[key]*bin{}, growth: math.Exp2(1 / float64(max(halfLife, 1))), next: 1}
 	for _, s := range Prior {
-		l.add(s, s.Weight*priorObservations)
+		l.add(s, s.Weight*prior)
 	}
 	l.rebuild()
 	return l
@@ -149,12 +158,12 @@ func (l *Learner) rebuild() {
 	bins = bins[:min(len(bins), allocator.MaxShapes)]
 	var total float64
 	for _, b := range bins {
-		total += b.weight
+		total += b.weight * expVolume(b)
 	}
 	w := &allocator.Workload{Shapes: make([]allocator.Shape, len(bins))}
 	for i, b := range bins {
 		w.Shapes[i] = b.shape
-		w.Shapes[i].Weight = b.weight / total
+		w.Shapes[i].Weight = b.weight * expVolume(b) / total
 	}
 	l.built.Store(w)
 	l.dirty = false
@@ -210,3 +219,16 @@ func compareShapes(a, b *allocator.Shape) int {
 }
 
 func roundUp(v, step int64) int64 { return (v + step - 1) / step * step }
+
+var expAlpha, _ = strconv.ParseFloat(os.Getenv("EXP_ALPHA"), 64)
+
+func expVolume(b *bin) float64 {
+	if os.Getenv("EXP_VOLUME") == "" {
+		return 1
+	}
+	v := float64(b.shape.Container.Count) * float64(min(b.shape.Container.Cores, 100))
+	if expAlpha > 0 {
+		return math.Pow(v, expAlpha)
+	}
+	return v
+}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	internalcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
@@ -75,7 +76,18 @@ func newHarness(t testing.TB, a *config.GPUShareArgs, objs ...runtime.Object) *h
 	factory := informers.NewSharedInformerFactory(client, 0)
 	recorder := events.NewFakeRecorder(100)
 	activator := &fakeActivator{}
+	var pods []*v1.Pod
+	var nodes []*v1.Node
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *v1.Pod:
+			pods = append(pods, o)
+		case *v1.Node:
+			nodes = append(nodes, o)
+		}
+	}
 	fh, err := frameworkruntime.NewFramework(tCtx, nil, nil,
+		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(pods, nodes)),
 		frameworkruntime.WithClientSet(client), frameworkruntime.WithInformerFactory(factory),
 		frameworkruntime.WithEventRecorder(recorder), frameworkruntime.WithPodActivator(activator))
 	if err != nil {

@@ -18,8 +18,8 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return nil
 	}
 	st := allocator.Strategy{Policy: p.gpuPolicy}
-	if p.gpuPolicy == allocator.FragmentationAware {
-		if nodeInfo, err := p.handle.SnapshotSharedLister().NodeInfos().Get(nodeName); err == nil {
+	if lister := p.handle.SnapshotSharedLister(); lister != nil && p.gpuPolicy == allocator.FragmentationAware {
+		if nodeInfo, err := lister.NodeInfos().Get(nodeName); err == nil {
 			st = p.strategy(p.learner.Workload(), nodeInfo, podCPUMilli(pod))
 		}
 	}

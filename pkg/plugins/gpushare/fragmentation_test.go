@@ -1,0 +1,127 @@
+package gpushare
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+	st "k8s.io/kubernetes/pkg/scheduler/testing"
+
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/apis/config"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// halfCardWorkload is 200 pending pods asking half a card and 4 CPUs each:
+// the plugin learns its workload from them.
+func halfCardWorkload() []runtime.Object {
+	var objs []runtime.Object
+	for i := 0; i < 200; i++ {
+		objs = append(objs, gpuPod(fmt.Sprint("pending-", i), testutil.Share(40960, 50)).Req(map[v1.ResourceName]string{v1.ResourceCPU: "4"}).Obj())
+	}
+	return objs
+}
+
+// scoreNodes runs PreScore, Score on each node and NormalizeScore.
+func scoreNodes(t *testing.T, h *harness, pod *v1.Pod, nodes ...fwk.NodeInfo) fwk.NodeScoreList {
+	t.Helper()
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, pod, nil)
+	if s := h.plugin.PreScore(h.ctx, state, pod, nil); !s.IsSuccess() {
+		t.Fatalf("PreScore: %v", s)
+	}
+	var got fwk.NodeScoreList
+	for _, ni := range nodes {
+		score, s := h.plugin.Score(h.ctx, state, pod, ni)
+		if !s.IsSuccess() {
+			t.Fatal(s)
+		}
+		got = append(got, fwk.NodeScore{Name: ni.Node().Name, Score: score})
+	}
+	if s := h.plugin.NormalizeScore(h.ctx, state, pod, got); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	return got
+}
+
+func TestFragmentationAwareScore(t *testing.T) {
+	// "tight" has 60 % of one card free, "roomy" 30 % of one card and a
+	// whole empty card. A 20 % share on "tight" leaves no card that can take
+	// the half-card requests the cluster sees; on "roomy" it can fill the 30 %
+	// fragment. Binpack prefers "tight", the fuller node.
+	tight := testutil.GPUNode("tight", testutil.Inventory("t", "A100", 81920, 2))
+	roomy := testutil.GPUNode("roomy", testutil.Inventory("r", "A100", 81920, 2))
+	objs := append(halfCardWorkload(), tight, roomy,
+		boundPod("t0", "tight", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-t-0", MemoryMiB: 32768, Cores: 40}}}),
+		boundPod("t1", "tight", map[string][]gpuinfo.CardAssignment{"c": {{Index: 1, UUID: "GPU-t-1", MemoryMiB: 81920, Cores: 100}}}),
+		boundPod("r0", "roomy", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-r-0", MemoryMiB: 57344, Cores: 70}}}))
+	pod := gpuPod("p", testutil.Share(16384, 20)).Obj()
+	for _, tc := range []struct {
+		policy config.Policy
+		want   fwk.NodeScoreList
+	}{
+		{config.PolicyFragmentationAware, fwk.NodeScoreList{{Name: "tight", Score: 99}, {Name: "roomy", Score: 100}}},
+		{config.PolicyBinpack, fwk.NodeScoreList{{Name: "tight", Score: 100}, {Name: "roomy", Score: 56}}},
+	} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			h := newHarness(t, args(tc.policy, tc.policy), objs...)
+			if diff := cmp.Diff(tc.want, scoreNodes(t, h, pod, nodeInfo(tight), nodeInfo(roomy))); diff != "" {
+				t.Errorf("scores (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestFragmentationAwareReserve(t *testing.T) {
+	// Card 0 has 60 % free, card 1 is empty. Binpack would put a 20 % share
+	// on card 0 and leave 40 %, too little for a half card; the
+	// fragmentation-aware policy puts it on card 1, which keeps room for
+	// half a card, as card 0 does.
+	split := testutil.GPUNode("split", testutil.Inventory("s", "A100", 81920, 2))
+	objs := append(halfCardWorkload(), split,
+		boundPod("s0", "split", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-s-0", MemoryMiB: 32768, Cores: 40}}}))
+	pod := gpuPod("p", testutil.Share(16384, 20)).Obj()
+	for policy, want := range map[config.Policy]int{config.PolicyFragmentationAware: 1, config.PolicyBinpack: 0} {
+		t.Run(string(policy), func(t *testing.T) {
+			h := newHarness(t, args(policy, policy), objs...)
+			state := framework.NewCycleState()
+			h.plugin.PreFilter(h.ctx, state, pod, nil)
+			if s := h.plugin.Reserve(h.ctx, state, pod, "split"); !s.IsSuccess() {
+				t.Fatal(s)
+			}
+			if got := getState(state).assignment.Containers[pod.Spec.Containers[0].Name][0].Index; got != want {
+				t.Errorf("reserved card %d, want %d", got, want)
+			}
+		})
+	}
+}
+
+func TestFragmentationAwareScoresPodsWithoutGPUs(t *testing.T) {
+	// A 2-CPU pod on "small" leaves 3 CPUs, fewer than the 4 the learned
+	// requests need: its free cards would be stranded.
+	small := st.MakeNode().Name("small").Capacity(map[v1.ResourceName]string{v1.ResourceCPU: "5", v1.ResourcePods: "110"}).
+		Annotation(gpuinfo.InventoryAnnotation, testutil.MustEncode(testutil.Inventory("s", "A100", 81920, 2))).Obj()
+	large := testutil.GPUNode("large", testutil.Inventory("l", "A100", 81920, 2))
+	cpuPod := st.MakePod().Name("cpu").Namespace("default").UID("cpu").Req(map[v1.ResourceName]string{v1.ResourceCPU: "2"}).Obj()
+	h := newHarness(t, args(config.PolicyFragmentationAware, config.PolicyBinpack), append(halfCardWorkload(), small, large)...)
+	want := fwk.NodeScoreList{{Name: "small", Score: 99}, {Name: "large", Score: 100}}
+	if diff := cmp.Diff(want, scoreNodes(t, h, cpuPod, nodeInfo(small), nodeInfo(large))); diff != "" {
+		t.Errorf("scores (-want,+got):\n%s", diff)
+	}
+	if w := h.plugin.learner.Workload(); w.Shapes[0].Container.Cores != 50 || w.Shapes[0].CPUMilli != 4000 {
+		t.Errorf("heaviest learned shape %+v, want the pending pods' half card with 4 CPUs", w.Shapes[0])
+	}
+}
+
+func TestRankScores(t *testing.T) {
+	scores := fwk.NodeScoreList{{Name: "a", Score: -5000}, {Name: "b", Score: 7}, {Name: "c", Score: 7}, {Name: "d", Score: -5001}}
+	rankScores(scores)
+	want := fwk.NodeScoreList{{Name: "a", Score: 99}, {Name: "b", Score: 100}, {Name: "c", Score: 100}, {Name: "d", Score: 98}}
+	if diff := cmp.Diff(want, scores); diff != "" {
+		t.Errorf("ranked scores (-want,+got):\n%s", diff)
+	}
+}

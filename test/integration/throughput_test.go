@@ -1,0 +1,347 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/component-base/metrics/legacyregistry"
+	"k8s.io/kubernetes/test/utils/ktesting"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// vanillaGPU is the extended resource vanilla kube-scheduler counts whole
+// cards with, as a device plugin would advertise them.
+const vanillaGPU v1.ResourceName = "nvidia.com/gpu"
+
+// vanillaConfig is kube-scheduler with its default profile and the same
+// client limits as Tessera's benchmark configuration.
+const vanillaConfig = `apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: %s
+  qps: 5000
+  burst: 5000
+leaderElection:
+  leaderElect: false
+profiles:
+  - schedulerName: default-scheduler
+`
+
+// throughputMix is the benchmark's pod mix, largest first so that every pod
+// fits on both sides: a share of a card for Tessera is one whole card for
+// vanilla. Each entry is (cards, percent of a card; 0 = whole cards, weight).
+var throughputMix = []struct {
+	cards   int64
+	percent int64
+	weight  int
+}{{8, 0, 2}, {4, 0, 3}, {2, 0, 10}, {1, 0, 35}, {1, 50, 25}, {1, 25, 25}}
+
+// side is one scheduler under test.
+type side struct {
+	name, profile, config string
+	// pod builds the i-th pod asking for cards (a share when percent > 0).
+	pod func(name string, cards, percent int64) *v1.Pod
+}
+
+// BenchmarkThroughput schedules the same mixed pods with Tessera (profile
+// tessera-binpack, the shipped configuration) and with vanilla kube-scheduler
+// counting whole cards through NodeResourcesFit, in interleaved rounds on
+// one control plane, and reports pods bound per second for each and their
+// ratio. Run with `make bench-throughput` (see docs/performance.md); it is a
+// benchmark, not part of the test suite.
+func BenchmarkThroughput(b *testing.B) {
+	for _, size := range []struct{ nodes, pods int }{{1000, 5000}, {5000, 10000}} {
+		b.Run(fmt.Sprintf("nodes=%d/pods=%d", size.nodes, size.pods), func(b *testing.B) {
+			tCtx := ktesting.Init(b)
+			sides := throughputSides(tCtx, b.TempDir())
+			nodes := createThroughputNodes(tCtx, size.nodes)
+			defer deleteNodes(controlPlane.Client, nodes)
+			rates := map[string][]float64{}
+			for i := 0; i < b.N; i++ {
+				for _, s := range sides {
+					rate, latencies := throughputRound(tCtx, s, size.pods, i)
+					rates[s.name] = append(rates[s.name], rate)
+					b.Logf("round %d %s: %.1f pods/s; mean per pod: %s", i, s.name, rate, latencies)
+				}
+			}
+			tessera, vanilla := mean(rates["tessera"]), mean(rates["vanilla"])
+			b.ReportMetric(tessera, "tessera-pods/s")
+			b.ReportMetric(vanilla, "vanilla-pods/s")
+			b.ReportMetric(tessera/vanilla, "ratio")
+		})
+	}
+}
+
+func throughputSides(tCtx ktesting.TContext, dir string) []side {
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	tesseraConfig, vanillaConfigFile := filepath.Join(dir, "tessera.yaml"), filepath.Join(dir, "vanilla.yaml")
+	if err := controlPlane.WriteKubeconfig(kubeconfig); err != nil {
+		tCtx.Fatal(err)
+	}
+	if err := cluster.WriteSchedulerConfig(shippedConfig, kubeconfig, tesseraConfig); err != nil {
+		tCtx.Fatal(err)
+	}
+	if err := os.WriteFile(vanillaConfigFile, fmt.Appendf(nil, vanillaConfig, kubeconfig), 0o600); err != nil {
+		tCtx.Fatal(err)
+	}
+	names := gpuinfo.DefaultResourceNames()
+	return []side{
+		{name: "tessera", profile: "tessera-binpack", config: tesseraConfig, pod: func(name string, cards, percent int64) *v1.Pod {
+			limits := v1.ResourceList{names.GPU: *resource.NewQuantity(cards, resource.DecimalSI)}
+			if percent > 0 {
+				limits = v1.ResourceList{
+					names.MemoryPercent: *resource.NewQuantity(percent, resource.DecimalSI),
+					names.Cores:         *resource.NewQuantity(percent, resource.DecimalSI),
+				}
+			}
+			return throughputPod(name, "tessera-binpack", limits)
+		}},
+		{name: "vanilla", profile: "default-scheduler", config: vanillaConfigFile, pod: func(name string, cards, _ int64) *v1.Pod {
+			return throughputPod(name, "default-scheduler", v1.ResourceList{vanillaGPU: *resource.NewQuantity(cards, resource.DecimalSI)})
+		}},
+	}
+}
+
+func throughputPod(name, scheduler string, limits v1.ResourceList) *v1.Pod {
+	limits[v1.ResourceCPU] = resource.MustParse("100m")
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: v1.PodSpec{
+			SchedulerName: scheduler,
+			Containers:    []v1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10", Resources: v1.ResourceRequirements{Limits: limits, Requests: limits}}},
+		},
+	}
+}
+
+// createThroughputNodes creates n nodes of 8 A100s, each with Tessera's
+// inventory and the vanilla extended resource.
+func createThroughputNodes(tCtx ktesting.TContext, n int) []string {
+	names := make([]string, n)
+	err := parallel(n, func(i int) error {
+		names[i] = fmt.Sprintf("tp-%05d", i)
+		node, err := cluster.NewGPUNode(names[i], testutil.Inventory(names[i], "NVIDIA A100-SXM4-80GB", 81920, 8), nil)
+		if err != nil {
+			return err
+		}
+		node.Status.Allocatable[vanillaGPU] = resource.MustParse("8")
+		_, err = controlPlane.Client.CoreV1().Nodes().Create(tCtx, node, metav1.CreateOptions{})
+		return err
+	})
+	if err != nil {
+		tCtx.Fatal(err)
+	}
+	return names
+}
+
+func deleteNodes(client kubernetes.Interface, names []string) {
+	_ = parallel(len(names), func(i int) error {
+		return client.CoreV1().Nodes().Delete(context.Background(), names[i], metav1.DeleteOptions{})
+	})
+}
+
+// throughputRound creates the pods in a fresh namespace, starts the side's
+// scheduler and measures pods bound per second from the first binding to
+// the last, then stops the scheduler and deletes the pods. It also returns
+// the mean latency of each extension point during the round, from the
+// scheduler's own metrics.
+func throughputRound(tCtx ktesting.TContext, s side, n, round int) (float64, string) {
+	ns := fmt.Sprintf("tp-%s-%d-%d", s.name, n, round)
+	if _, err := controlPlane.Client.CoreV1().Namespaces().Create(tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		tCtx.Fatal(err)
+	}
+	client := fastClient(tCtx)
+	total := 0
+	for _, m := range throughputMix {
+		total += m.weight
+	}
+	var specs []*v1.Pod
+	for _, m := range throughputMix {
+		for j := 0; j < n*m.weight/total; j++ {
+			specs = append(specs, s.pod(fmt.Sprintf("p-%05d", len(specs)), m.cards, m.percent))
+		}
+	}
+	if err := parallel(len(specs), func(i int) error {
+		_, err := client.CoreV1().Pods(ns).Create(tCtx, specs[i], metav1.CreateOptions{})
+		return err
+	}); err != nil {
+		tCtx.Fatal(err)
+	}
+	list, err := client.CoreV1().Pods(ns).List(tCtx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		tCtx.Fatal(err)
+	}
+	w, err := client.CoreV1().Pods(ns).Watch(tCtx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		tCtx.Fatal(err)
+	}
+	defer w.Stop()
+	before := extensionPointTotals(s.profile)
+	sched, err := cluster.StartScheduler(tCtx, s.config)
+	if err != nil {
+		tCtx.Fatal(err)
+	}
+	first, last := waitAllBound(tCtx, w, len(specs))
+	sched.Stop()
+	latencies := extensionPointMeans(before, extensionPointTotals(s.profile))
+	zero := int64(0)
+	if err := client.CoreV1().Pods(ns).DeleteCollection(tCtx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+		tCtx.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(tCtx, 100*time.Millisecond, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		left, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
+		return err == nil && len(left.Items) == 0, err
+	})
+	if err != nil {
+		tCtx.Fatalf("deleting the round's pods: %v", err)
+	}
+	return float64(len(specs)-1) / last.Sub(first).Seconds(), latencies
+}
+
+// waitAllBound follows the watch until n pods are bound and returns when the
+// first and the last were seen bound.
+func waitAllBound(tCtx ktesting.TContext, w watch.Interface, n int) (first, last time.Time) {
+	bound := map[string]bool{}
+	timeout := time.After(15 * time.Minute)
+	for len(bound) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				tCtx.Fatalf("pod watch closed with %d of %d bound", len(bound), n)
+			}
+			p, isPod := ev.Object.(*v1.Pod)
+			if !isPod || p.Spec.NodeName == "" || bound[p.Name] {
+				continue
+			}
+			bound[p.Name] = true
+			last = time.Now()
+			if len(bound) == 1 {
+				first = last
+			}
+		case <-timeout:
+			tCtx.Fatalf("%d of %d pods bound after 15m", len(bound), n)
+		}
+	}
+	return first, last
+}
+
+// fastClient is a client without client-side rate limiting.
+func fastClient(tCtx ktesting.TContext) kubernetes.Interface {
+	cfg := *controlPlane.Config
+	cfg.QPS, cfg.Burst = 5000, 5000
+	c, err := kubernetes.NewForConfig(&cfg)
+	if err != nil {
+		tCtx.Fatal(err)
+	}
+	return c
+}
+
+// parallel runs f(0..n-1) on 16 workers and returns the first error.
+func parallel(n int, f func(i int) error) error {
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	next := make(chan int)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := f(i); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return firstErr
+}
+
+// extensionPoint is a histogram's running sum (seconds) and count.
+type extensionPoint struct {
+	sum   float64
+	count uint64
+}
+
+// extensionPointTotals reads kube-scheduler's per-extension-point latency
+// histogram for a profile, summed over statuses.
+func extensionPointTotals(profile string) map[string]extensionPoint {
+	out := map[string]extensionPoint{}
+	families, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		return out
+	}
+	for _, f := range families {
+		if f.GetName() != "scheduler_framework_extension_point_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if label(m, "profile") != profile {
+				continue
+			}
+			ep := label(m, "extension_point")
+			t := out[ep]
+			t.sum += m.GetHistogram().GetSampleSum()
+			t.count += m.GetHistogram().GetSampleCount()
+			out[ep] = t
+		}
+	}
+	return out
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// extensionPointMeans formats the mean latency of each extension point
+// between two readings.
+func extensionPointMeans(before, after map[string]extensionPoint) string {
+	var parts []string
+	for ep, a := range after {
+		b := before[ep]
+		if a.count > b.count {
+			parts = append(parts, fmt.Sprintf("%s %.0fµs", ep, (a.sum-b.sum)/float64(a.count-b.count)*1e6))
+		}
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}
+
+func mean(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(max(len(v), 1))
+}
