@@ -64,7 +64,7 @@ func main() {
 	debug.SetGCPercent(400)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(klog.NewContext(ctx, logr.Discard()), o, os.Stderr); err != nil {
+	if err := run(klog.NewContext(ctx, logr.Discard()), o, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "tessera-sim:", err)
 		os.Exit(1)
 	}
@@ -76,7 +76,9 @@ type job struct {
 	seed     uint64
 }
 
-func run(ctx context.Context, o options, progress io.Writer) error {
+// run replays what o asks for (or nothing, with --report-only) and writes the
+// report; the table and file names go to out, progress to progress.
+func run(ctx context.Context, o options, out, progress io.Writer) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
@@ -98,7 +100,7 @@ func run(ctx context.Context, o options, progress io.Writer) error {
 			return err
 		}
 	}
-	return report(o, runs)
+	return report(o, runs, out)
 }
 
 // plan lists the replays the flags ask for.
@@ -201,7 +203,7 @@ func replay(ctx context.Context, o options, jobs []job, previous []simreport.Run
 }
 
 // report writes the table and a plot per trace.
-func report(o options, runs []simreport.Run) error {
+func report(o options, runs []simreport.Run, out io.Writer) error {
 	artifactRuns, err := readRuns(filepath.Join(o.traces, artifactFile))
 	if err != nil {
 		return err
@@ -222,13 +224,13 @@ func report(o options, runs []simreport.Run) error {
 	if err := os.WriteFile(filepath.Join(o.out, tableFile), []byte(table), 0o644); err != nil {
 		return err
 	}
-	fmt.Println(table)
+	fmt.Fprintln(out, table)
 	for _, t := range traces {
 		path := filepath.Join(o.out, t+"."+o.plotFormat)
 		if err := simreport.Plot(path, t, tessera, artifact); err != nil {
 			return fmt.Errorf("plotting %s: %w", t, err)
 		}
-		fmt.Println("wrote", path)
+		fmt.Fprintln(out, "wrote", path)
 	}
 	return nil
 }

@@ -1,8 +1,6 @@
 package allocator
 
 import (
-	"os"
-
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -128,19 +126,9 @@ func (f *fragment) value(w *Workload) float64 {
 			v += s.Weight * float64(f.total)
 			continue
 		}
-		usable := f.total - f.unused[k]
-		if s.CPUMilli > 0 && expCPUCap {
-			usable = min(usable, f.cpuFree/s.CPUMilli*s.sizePermille())
-		}
-		v += s.Weight * float64(f.total-usable)
+		v += s.Weight * float64(f.unused[k])
 	}
 	return v
-}
-
-// sizePermille is the GPU one request of the shape takes, in per mille of a
-// card (a memory-only share counts as its compute share).
-func (s *Shape) sizePermille() int64 {
-	return int64(s.Container.Count) * min(s.Container.Cores, gpuinfo.FullCores) * 1000 / gpuinfo.FullCores
 }
 
 // PlaceWithoutGPU is Place for a pod that asks for no GPUs: it fits
@@ -162,45 +150,3 @@ func PlaceWithoutGPU(cards []Card, used []Usage, st Strategy) Outcome {
 	}
 	return o
 }
-
-// AddSlots adds to slots[k] how many requests of shape k the node could still
-// take, each alone (its GPU and CPU both counted), and returns the node's
-// free GPU in per mille of a card.
-func AddSlots(cards []Card, used []Usage, w *Workload, cpuFree int64, slots []float64) int64 {
-	var total int64
-	for i := range cards {
-		if cards[i].Healthy {
-			total += freePermille(cards[i].Capacity.sub(used[i]), cards[i].Capacity)
-		}
-	}
-	for k := range w.Shapes {
-		s := &w.Shapes[k]
-		gpu := 0
-		for i := range cards {
-			c := &cards[i]
-			if !c.Healthy || !s.Selector.Matches(c.ModelLower, "") {
-				continue
-			}
-			free := c.Capacity.sub(used[i])
-			nd := need(&s.Container, c)
-			if s.Container.Exclusive() {
-				if free.covers(nd) {
-					gpu++
-				}
-				continue
-			}
-			for free.covers(nd) && nd.Cores > 0 {
-				gpu++
-				free = free.sub(nd)
-			}
-		}
-		n := gpu / max(s.Container.Count, 1)
-		if s.CPUMilli > 0 {
-			n = min(n, int(max(cpuFree, 0)/s.CPUMilli))
-		}
-		slots[k] += float64(n)
-	}
-	return total
-}
-
-var expCPUCap = os.Getenv("EXP_CPUCAP") != ""

@@ -66,18 +66,6 @@ func (l *Ledger) FitWithoutGPU(nodeName string, st allocator.Strategy) (allocato
 	return allocator.PlaceWithoutGPU(n.cards, n.used, st), nil
 }
 
-// AddSlots is allocator.AddSlots on the node's current usage; a node without
-// a valid inventory adds nothing.
-func (l *Ledger) AddSlots(nodeName string, w *allocator.Workload, cpuFree int64, slots []float64) int64 {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	n := l.nodes[nodeName]
-	if n == nil || n.err != nil {
-		return 0
-	}
-	return allocator.AddSlots(n.cards, n.used, w, cpuFree, slots)
-}
-
 // Reserve places the pod on the node and records it as assumed. It returns
 // the assignment, or an error when the pod no longer fits.
 func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, st allocator.Strategy) (*gpuinfo.Assignment, error) {

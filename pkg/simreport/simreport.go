@@ -143,7 +143,11 @@ func Table(tessera, artifact []Mean, policies []string, traces []string) string 
 	find := func(ms []Mean, trace, policy string) string {
 		for _, m := range ms {
 			if m.Trace == trace && m.Policy == policy {
-				if m.Seeds != 10 {
+				switch m.Seeds {
+				case 10:
+				case 1:
+					return fmt.Sprintf("%.2f (1 seed)", m.Unallocated())
+				default:
 					return fmt.Sprintf("%.2f (%d seeds)", m.Unallocated(), m.Seeds)
 				}
 				return fmt.Sprintf("%.2f", m.Unallocated())

@@ -8,9 +8,7 @@ package workload
 
 import (
 	"math"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,16 +18,17 @@ import (
 )
 
 // DefaultHalfLife is how many observed requests it takes for an observation's
-// weight to halve.
-const DefaultHalfLife = 5000
+// weight to halve: long enough to hold a steady mix, short enough to follow a
+// shift within a day of a busy cluster's pods.
+const DefaultHalfLife = 20000
 
 // priorObservations is how many requests the prior is worth: it shapes the
-// first decisions and is outweighed within a few hundred pods.
-const priorObservations = 100
+// first decisions and is outweighed within a few dozen pods.
+const priorObservations = 10
 
-// cpuStepMilli rounds CPU requests up to a step, so that similar requests
-// share a bin.
-const cpuStepMilli = 500
+// cpuStepMilli groups CPU requests in steps, so that similar requests share
+// a bin; the bin's CPU is their weighted mean.
+const cpuStepMilli = 250
 
 // maxBins bounds the histogram; the lightest bins are dropped beyond it.
 const maxBins = 8 * allocator.MaxShapes
@@ -63,6 +62,8 @@ type Learner struct {
 	next   float64 // weight of the next observation
 	dirty  bool
 	built  atomic.Pointer[allocator.Workload]
+	// seen holds the ids observed and not forgotten.
+	seen map[string]struct{}
 }
 
 type key struct {
@@ -72,37 +73,40 @@ type key struct {
 	models, excluded          string
 }
 
+// bin is one shape's weight; its CPU is the weighted mean of the requests
+// that fell in it.
 type bin struct {
-	shape  allocator.Shape
-	weight float64
+	shape       allocator.Shape
+	weight      float64
+	cpuWeighted float64
 }
 
 // NewLearner returns a learner seeded with the prior. halfLife is in
 // observations.
 func NewLearner(halfLife int) *Learner {
-	if v, err := strconv.Atoi(os.Getenv("EXP_HALFLIFE")); err == nil {
-		halfLife = v
-	}
-	prior := float64(priorObservations)
-	if v, err := strconv.Atoi(os.Getenv("EXP_PRIOR")); err == nil {
-		prior = float64(v)
-	}
-	l := &Learner{bins: map[key]*bin{}, growth: math.Exp2(1 / float64(max(halfLife, 1))), next: 1}
+	l := &Learner{bins: map[key]*bin{}, seen: map[string]struct{}{}, growth: math.Exp2(1 / float64(max(halfLife, 1))), next: 1}
 	for _, s := range Prior {
-		l.add(s, s.Weight*prior)
+		l.add(s, s.Weight*priorObservations)
 	}
 	l.rebuild()
 	return l
 }
 
-// Observe records one pod's request: its CPU and the GPU request of its
-// largest container (all its exclusive cards together when it holds whole
+// Observe records the request of the pod with the given id, once however
+// often it is called for that id until Forget: its CPU and the GPU request of
+// its largest container (all its exclusive cards together when it holds whole
 // cards). UUID constraints are not part of a shape: they name one card.
-func (l *Learner) Observe(req *gpuinfo.PodRequest, cpuMilli int64) {
+func (l *Learner) Observe(id string, req *gpuinfo.PodRequest, cpuMilli int64) {
 	if req == nil || len(req.Containers) == 0 {
 		return
 	}
-	s := allocator.Shape{CPUMilli: roundUp(cpuMilli, cpuStepMilli), Selector: gpuinfo.Selector{Models: req.Selector.Models, ExcludeModels: req.Selector.ExcludeModels}}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.seen[id]; ok {
+		return
+	}
+	l.seen[id] = struct{}{}
+	s := allocator.Shape{CPUMilli: cpuMilli, Selector: gpuinfo.Selector{Models: req.Selector.Models, ExcludeModels: req.Selector.ExcludeModels}}
 	for _, c := range req.Containers {
 		switch {
 		case c.Exclusive():
@@ -115,13 +119,19 @@ func (l *Learner) Observe(req *gpuinfo.PodRequest, cpuMilli int64) {
 		}
 	}
 	s.Container.Count = min(s.Container.Count, gpuinfo.MaxCardsPerNode)
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.add(s, l.next)
 	l.next *= l.growth
 	if l.next > 1e100 {
 		l.rescale()
 	}
+}
+
+// Forget lets the id be observed again; call it when the pod is gone, so the
+// record of observed pods stays as small as the set of live ones.
+func (l *Learner) Forget(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.seen, id)
 }
 
 // Workload returns the current mix: the heaviest MaxShapes shapes with
@@ -138,7 +148,7 @@ func (l *Learner) Workload() *allocator.Workload {
 func (l *Learner) add(s allocator.Shape, w float64) {
 	k := key{
 		count: s.Container.Count, cores: s.Container.Cores, memMiB: s.Container.MemoryMiB, memPercent: s.Container.MemoryPercent,
-		cpu: s.CPUMilli, models: strings.Join(s.Selector.Models, ","), excluded: strings.Join(s.Selector.ExcludeModels, ","),
+		cpu: roundUp(s.CPUMilli, cpuStepMilli), models: strings.Join(s.Selector.Models, ","), excluded: strings.Join(s.Selector.ExcludeModels, ","),
 	}
 	b := l.bins[k]
 	if b == nil {
@@ -146,10 +156,20 @@ func (l *Learner) add(s allocator.Shape, w float64) {
 		l.bins[k] = b
 	}
 	b.weight += w
+	b.cpuWeighted += w * float64(s.CPUMilli)
 	l.dirty = true
 	if len(l.bins) > maxBins {
 		l.prune()
 	}
+}
+
+// gpuWeight scales a shape's frequency by the square root of its GPU size
+// (cards × share of each): a fragment that strands a large request costs
+// more allocation than one that strands a small one, and on the openb trace
+// the square root protects large requests best (frequency alone, and size
+// itself, both left more GPU unallocated; docs/performance.md).
+func gpuWeight(s *allocator.Shape) float64 {
+	return math.Sqrt(float64(s.Container.Count) * float64(min(s.Container.Cores, gpuinfo.FullCores)))
 }
 
 // rebuild publishes the heaviest shapes, normalised.
@@ -158,12 +178,13 @@ func (l *Learner) rebuild() {
 	bins = bins[:min(len(bins), allocator.MaxShapes)]
 	var total float64
 	for _, b := range bins {
-		total += b.weight * expVolume(b)
+		total += b.weight * gpuWeight(&b.shape)
 	}
 	w := &allocator.Workload{Shapes: make([]allocator.Shape, len(bins))}
 	for i, b := range bins {
 		w.Shapes[i] = b.shape
-		w.Shapes[i].Weight = b.weight * expVolume(b) / total
+		w.Shapes[i].CPUMilli = int64(math.Ceil(b.cpuWeighted / b.weight))
+		w.Shapes[i].Weight = b.weight * gpuWeight(&b.shape) / total
 	}
 	l.built.Store(w)
 	l.dirty = false
@@ -186,6 +207,7 @@ func (l *Learner) prune() {
 func (l *Learner) rescale() {
 	for _, b := range l.bins {
 		b.weight /= l.next
+		b.cpuWeighted /= l.next
 	}
 	l.next = 1
 }
@@ -219,16 +241,3 @@ func compareShapes(a, b *allocator.Shape) int {
 }
 
 func roundUp(v, step int64) int64 { return (v + step - 1) / step * step }
-
-var expAlpha, _ = strconv.ParseFloat(os.Getenv("EXP_ALPHA"), 64)
-
-func expVolume(b *bin) float64 {
-	if os.Getenv("EXP_VOLUME") == "" {
-		return 1
-	}
-	v := float64(b.shape.Container.Count) * float64(min(b.shape.Container.Cores, 100))
-	if expAlpha > 0 {
-		return math.Pow(v, expAlpha)
-	}
-	return v
-}

@@ -1,6 +1,7 @@
 package workload_test
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -47,7 +48,7 @@ func TestLearnerStartsFromThePrior(t *testing.T) {
 func TestLearnerFollowsTheRequests(t *testing.T) {
 	l := workload.NewLearner(500)
 	for i := 0; i < 2000; i++ {
-		l.Observe(sharePct(30), 3000)
+		l.Observe(fmt.Sprint("share-", i), sharePct(30), 3000)
 	}
 	w := l.Workload()
 	checkNormalised(t, w)
@@ -61,7 +62,7 @@ func TestLearnerFollowsTheRequests(t *testing.T) {
 	// the old shape fades.
 	whole := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "a", Count: 2, Cores: gpuinfo.FullCores}, {Name: "b", Count: 1, Cores: gpuinfo.FullCores}}}
 	for i := 0; i < 2000; i++ {
-		l.Observe(whole, 16000)
+		l.Observe(fmt.Sprint("whole-", i), whole, 16000)
 	}
 	w = l.Workload()
 	if got, old := weightOf(w, gpuinfo.FullCores, 3), weightOf(w, 30, 1); got < 0.9 || old > 0.1 {
@@ -69,11 +70,26 @@ func TestLearnerFollowsTheRequests(t *testing.T) {
 	}
 }
 
+func TestLearnerCountsAPodOnce(t *testing.T) {
+	l := workload.NewLearner(workload.DefaultHalfLife)
+	for i := 0; i < 1000; i++ {
+		l.Observe("retried", sharePct(30), 1000)
+	}
+	if got := weightOf(l.Workload(), 30, 1); got > 0.5 {
+		t.Errorf("one pod observed 1000 times weighs %.3f against a prior worth 10 pods", got)
+	}
+	l.Forget("retried")
+	l.Observe("retried", sharePct(30), 1000)
+	if got := weightOf(l.Workload(), 30, 1); got < 0.1 {
+		t.Errorf("a forgotten pod observed again weighs %.3f, want it counted", got)
+	}
+}
+
 func TestLearnerKeepsTheHeaviestShapes(t *testing.T) {
 	l := workload.NewLearner(workload.DefaultHalfLife)
 	for p := int64(1); p < 100; p++ {
 		for i := int64(0); i < p; i++ {
-			l.Observe(sharePct(p), 1000)
+			l.Observe(fmt.Sprint(p, "-", i), sharePct(p), 1000)
 		}
 	}
 	w := l.Workload()
@@ -94,7 +110,7 @@ func TestLearnerConcurrentUse(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 500; i++ {
-				l.Observe(sharePct(int64(1+(g*7+i)%99)), 1000)
+				l.Observe(fmt.Sprint(g, "-", i), sharePct(int64(1+(g*7+i)%99)), 1000)
 				checkNormalised(t, l.Workload())
 			}
 		}()

@@ -83,7 +83,7 @@ func BenchmarkScore(b *testing.B) {
 			h, node := mixedNode(b, cards, args(policy, policy))
 			for i := 0; i < 4*allocator.MaxShapes; i++ {
 				req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Count: 1 + i%2, Cores: int64(5 + i%95), MemoryPercent: int64(5 + i%95)}}}
-				h.plugin.learner.Observe(req, int64(1000*(1+i%7)))
+				h.plugin.learner.Observe(fmt.Sprint(i), req, int64(1000*(1+i%7)))
 			}
 			ni := nodeInfo(node)
 			pod := benchmarkPods()["share"]

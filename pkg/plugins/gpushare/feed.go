@@ -45,10 +45,8 @@ type feed struct {
 	// all delivered their initial lists.
 	handlers []cache.ResourceEventHandlerRegistration
 	synced   atomic.Bool
-	// learner learns the workload from pending pods' requests, read with
-	// the names of the first profile's args.
+	// learner learns the workload from the requests of the pods scheduled.
 	learner *workload.Learner
-	names   gpuinfo.ResourceNames
 }
 
 var (
@@ -59,7 +57,7 @@ var (
 // feedFor returns the feed of the handle's informer factory, creating it and
 // registering its handlers on first use. Every profile must watch the agents'
 // Leases in the same namespace.
-func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpuinfo.ResourceNames) (*feed, error) {
+func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, error) {
 	feedsMu.Lock()
 	defer feedsMu.Unlock()
 	factory := h.SharedInformerFactory()
@@ -71,7 +69,7 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpu
 	}
 	logger := klog.FromContext(ctx).WithName(Name)
 	f := &feed{ledger: ledger.New(), recorder: h.EventRecorder(), logger: logger, agentNamespace: agentNamespace,
-		learner: workload.NewLearner(workload.DefaultHalfLife), names: names}
+		learner: workload.NewLearner(workload.DefaultHalfLife)}
 	f.heartbeats.activator, f.heartbeats.logger = h, logger
 	nodes, err := factory.Core().V1().Nodes().Informer().AddEventHandler(handlerFuncs(f.onNode, f.onNodeDelete))
 	if err != nil {
@@ -82,14 +80,7 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpu
 		return nil, fmt.Errorf("%s: indexing pods: %w", Name, err)
 	}
 	f.pods = podInformer.GetIndexer()
-	podHandlers := handlerFuncs(f.onPod, f.onPodDelete)
-	podHandlers.AddFunc = func(obj any) {
-		if pod, ok := obj.(*v1.Pod); ok {
-			f.observe(pod)
-		}
-		f.onPod(obj)
-	}
-	pods, err := podInformer.AddEventHandler(podHandlers)
+	pods, err := podInformer.AddEventHandler(handlerFuncs(f.onPod, f.onPodDelete))
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}
@@ -197,6 +188,7 @@ func (f *feed) onPodDelete(obj any) {
 	if pod, ok := obj.(*v1.Pod); ok {
 		f.ledger.RemovePod(pod.UID)
 		f.forget(pod.UID)
+		f.learner.Forget(string(pod.UID))
 	}
 }
 

@@ -1,7 +1,6 @@
 package gpushare
 
 import (
-	"os"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
@@ -9,7 +8,6 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
-	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // cpuOnlyStateKey is where PreScore leaves what the fragmentation-aware node
@@ -87,53 +85,4 @@ func rankScores(scores fwk.NodeScoreList) {
 		rank, _ := slices.BinarySearch(distinct, scores[i].Score)
 		scores[i].Score = max(fwk.MaxNodeScore-int64(len(distinct)-1-rank), fwk.MinNodeScore)
 	}
-}
-
-// observe feeds a pending pod's request to the workload learner.
-func (f *feed) observe(pod *v1.Pod) {
-	if pod.Spec.NodeName != "" {
-		return
-	}
-	req, err := gpuinfo.ParsePodRequest(pod, f.names)
-	if err != nil || req == nil {
-		return
-	}
-	f.learner.Observe(req, podCPUMilli(pod))
-}
-
-func (p *Plugin) scarcity(w *allocator.Workload) *allocator.Workload {
-	if os.Getenv("EXP_SCARCITY") == "" {
-		return w
-	}
-	lister := p.handle.SnapshotSharedLister()
-	if lister == nil {
-		return w
-	}
-	infos, err := lister.NodeInfos().List()
-	if err != nil {
-		return w
-	}
-	slots := make([]float64, len(w.Shapes))
-	var free int64
-	for _, ni := range infos {
-		cpuFree := ni.GetAllocatable().GetMilliCPU() - ni.GetRequested().GetMilliCPU()
-		free += p.ledger.AddSlots(ni.Node().Name, w, cpuFree, slots)
-	}
-	var meanSize float64
-	for _, s := range w.Shapes {
-		meanSize += s.Weight * float64(s.Container.Count) * float64(min(s.Container.Cores, 100)) * 10
-	}
-	horizon := float64(free) / max(meanSize, 1)
-	out := &allocator.Workload{Shapes: slices.Clone(w.Shapes)}
-	var total float64
-	for k := range out.Shapes {
-		demand := w.Shapes[k].Weight * horizon
-		size := float64(w.Shapes[k].Container.Count) * float64(min(w.Shapes[k].Container.Cores, 100))
-		out.Shapes[k].Weight *= size * demand / (demand + slots[k] + 1e-9)
-		total += out.Shapes[k].Weight
-	}
-	for k := range out.Shapes {
-		out.Shapes[k].Weight /= max(total, 1e-12)
-	}
-	return out
 }

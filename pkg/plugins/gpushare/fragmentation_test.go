@@ -16,14 +16,13 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// halfCardWorkload is 200 pending pods asking half a card and 4 CPUs each:
-// the plugin learns its workload from them.
-func halfCardWorkload() []runtime.Object {
-	var objs []runtime.Object
+// learnHalfCards shows the plugin 200 pods asking half a card and 4 CPUs
+// each, through PreFilter: the workload it learns.
+func learnHalfCards(h *harness) {
 	for i := 0; i < 200; i++ {
-		objs = append(objs, gpuPod(fmt.Sprint("pending-", i), testutil.Share(40960, 50)).Req(map[v1.ResourceName]string{v1.ResourceCPU: "4"}).Obj())
+		pod := gpuPod(fmt.Sprint("earlier-", i), testutil.Share(40960, 50)).Req(map[v1.ResourceName]string{v1.ResourceCPU: "4"}).Obj()
+		h.plugin.PreFilter(h.ctx, framework.NewCycleState(), pod, nil)
 	}
-	return objs
 }
 
 // scoreNodes runs PreScore, Score on each node and NormalizeScore.
@@ -55,7 +54,7 @@ func TestFragmentationAwareScore(t *testing.T) {
 	// fragment. Binpack prefers "tight", the fuller node.
 	tight := testutil.GPUNode("tight", testutil.Inventory("t", "A100", 81920, 2))
 	roomy := testutil.GPUNode("roomy", testutil.Inventory("r", "A100", 81920, 2))
-	objs := append(halfCardWorkload(), tight, roomy,
+	objs := append([]runtime.Object{}, tight, roomy,
 		boundPod("t0", "tight", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-t-0", MemoryMiB: 32768, Cores: 40}}}),
 		boundPod("t1", "tight", map[string][]gpuinfo.CardAssignment{"c": {{Index: 1, UUID: "GPU-t-1", MemoryMiB: 81920, Cores: 100}}}),
 		boundPod("r0", "roomy", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-r-0", MemoryMiB: 57344, Cores: 70}}}))
@@ -69,6 +68,7 @@ func TestFragmentationAwareScore(t *testing.T) {
 	} {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			h := newHarness(t, args(tc.policy, tc.policy), objs...)
+			learnHalfCards(h)
 			if diff := cmp.Diff(tc.want, scoreNodes(t, h, pod, nodeInfo(tight), nodeInfo(roomy))); diff != "" {
 				t.Errorf("scores (-want,+got):\n%s", diff)
 			}
@@ -82,12 +82,13 @@ func TestFragmentationAwareReserve(t *testing.T) {
 	// fragmentation-aware policy puts it on card 1, which keeps room for
 	// half a card, as card 0 does.
 	split := testutil.GPUNode("split", testutil.Inventory("s", "A100", 81920, 2))
-	objs := append(halfCardWorkload(), split,
+	objs := append([]runtime.Object{}, split,
 		boundPod("s0", "split", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-s-0", MemoryMiB: 32768, Cores: 40}}}))
 	pod := gpuPod("p", testutil.Share(16384, 20)).Obj()
 	for policy, want := range map[config.Policy]int{config.PolicyFragmentationAware: 1, config.PolicyBinpack: 0} {
 		t.Run(string(policy), func(t *testing.T) {
 			h := newHarness(t, args(policy, policy), objs...)
+			learnHalfCards(h)
 			state := framework.NewCycleState()
 			h.plugin.PreFilter(h.ctx, state, pod, nil)
 			if s := h.plugin.Reserve(h.ctx, state, pod, "split"); !s.IsSuccess() {
@@ -107,7 +108,8 @@ func TestFragmentationAwareScoresPodsWithoutGPUs(t *testing.T) {
 		Annotation(gpuinfo.InventoryAnnotation, testutil.MustEncode(testutil.Inventory("s", "A100", 81920, 2))).Obj()
 	large := testutil.GPUNode("large", testutil.Inventory("l", "A100", 81920, 2))
 	cpuPod := st.MakePod().Name("cpu").Namespace("default").UID("cpu").Req(map[v1.ResourceName]string{v1.ResourceCPU: "2"}).Obj()
-	h := newHarness(t, args(config.PolicyFragmentationAware, config.PolicyBinpack), append(halfCardWorkload(), small, large)...)
+	h := newHarness(t, args(config.PolicyFragmentationAware, config.PolicyBinpack), small, large)
+	learnHalfCards(h)
 	want := fwk.NodeScoreList{{Name: "small", Score: 99}, {Name: "large", Score: 100}}
 	if diff := cmp.Diff(want, scoreNodes(t, h, cpuPod, nodeInfo(small), nodeInfo(large))); diff != "" {
 		t.Errorf("scores (-want,+got):\n%s", diff)

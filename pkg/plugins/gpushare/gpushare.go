@@ -83,7 +83,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 			Cores:         v1.ResourceName(args.ResourceNames.Cores),
 		},
 	}
-	p.feed, err = feedFor(ctx, h, args.AgentNamespace, p.names)
+	p.feed, err = feedFor(ctx, h, args.AgentNamespace)
 	if err != nil {
 		return nil, err
 	}

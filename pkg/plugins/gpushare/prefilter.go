@@ -12,8 +12,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// PreFilter parses the pod's GPU request once. Pods without one skip the
-// plugin; an invalid one is unschedulable with the validation message.
+// PreFilter parses the pod's GPU request once and shows it to the workload
+// learner. Pods without one skip the plugin; an invalid one is unschedulable
+// with the validation message.
 func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	req, err := gpuinfo.ParsePodRequest(pod, p.names)
 	if err != nil {
@@ -25,6 +26,9 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if !p.waitForLedger(ctx) {
 		return nil, fwk.NewStatus(fwk.Error, "GPU ledger has not finished loading nodes and pods")
 	}
+	// The learner counts each pod once, here in the scheduling cycle, so a
+	// replay is deterministic.
+	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
 	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: req.Selector.String()})
 	return nil, nil
 }

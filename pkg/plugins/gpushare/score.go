@@ -18,9 +18,9 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, 
 	s := getState(state)
 	switch {
 	case s != nil && p.usesWorkload():
-		s.workload, s.cpuMilli = p.scarcity(p.learner.Workload()), podCPUMilli(pod)
+		s.workload, s.cpuMilli = p.learner.Workload(), podCPUMilli(pod)
 	case s == nil && p.nodePolicy == allocator.FragmentationAware:
-		state.Write(cpuOnlyStateKey, &cpuOnlyState{workload: p.scarcity(p.learner.Workload()), cpuMilli: podCPUMilli(pod)})
+		state.Write(cpuOnlyStateKey, &cpuOnlyState{workload: p.learner.Workload(), cpuMilli: podCPUMilli(pod)})
 	case s == nil:
 		return fwk.NewStatus(fwk.Skip)
 	}
