@@ -36,14 +36,23 @@ type Workload struct {
 // This is the measure of "Beware of Fragmentation" (Weng et al., ATC'23);
 // the placement that raises it least leaves the most usable room.
 //
-// fragment holds, per shape, what that measure needs so that moving one card
-// or the CPU changes it in O(shapes).
+// fragment holds, per shape, what that measure needs so that changing one
+// card or the CPU changes it in O(shapes).
 type fragment struct {
 	shapes  int
 	usable  [MaxShapes]int   // cards the shape fits on
 	unused  [MaxShapes]int64 // free per mille on cards it does not fit
 	total   int64            // free per mille on all cards
 	cpuFree int64
+	// model and capacity are the card kind matches and needs were computed
+	// for: whether each shape may use such a card and what it takes of it.
+	// Nodes usually have one kind of card, so they are computed once.
+	model    string
+	capacity Usage
+	matches  [MaxShapes]bool
+	needs    [MaxShapes]Usage
+	// fitting has bit k set on card i when shape k fits it now.
+	fitting [gpuinfo.MaxCardsPerNode]uint64
 }
 
 // freePermille is the usable part of a card, the scarcer of memory and
@@ -55,37 +64,52 @@ func freePermille(free, capacity Usage) int64 {
 	return min(free.MemoryMiB*1000/capacity.MemoryMiB, free.Cores*1000/max(capacity.Cores, 1))
 }
 
-// shapeFits reports whether shape k takes a card with the given free usage.
-func shapeFits(w *Workload, k int, card *Card, free Usage) bool {
-	s := &w.Shapes[k]
-	return free.covers(need(&s.Container, card))
+// matchCard makes matches and needs hold for the card's kind.
+func (f *fragment) matchCard(w *Workload, card *Card) {
+	if f.model == card.ModelLower && f.capacity == card.Capacity && f.model != "" {
+		return
+	}
+	f.model, f.capacity = card.ModelLower, card.Capacity
+	for k := 0; k < f.shapes; k++ {
+		f.matches[k] = w.Shapes[k].Selector.Matches(card.ModelLower, "")
+		f.needs[k] = need(&w.Shapes[k].Container, card)
+	}
+}
+
+// fits reports whether shape k may use a card of the current kind and has
+// room in free.
+func (f *fragment) fits(k int, free Usage) bool {
+	return f.matches[k] && free.covers(f.needs[k])
 }
 
 // measure computes the node's fragment from the free usage of its healthy
 // cards and its free CPU.
 func (f *fragment) measure(w *Workload, cards []Card, free []Usage, cpuFree int64) {
 	f.shapes = len(w.Shapes)
-	f.total, f.cpuFree = 0, cpuFree
+	f.total, f.cpuFree, f.model = 0, cpuFree, ""
 	for k := 0; k < f.shapes; k++ {
 		f.usable[k], f.unused[k] = 0, 0
 	}
-	var lastModel string
-	var matches [MaxShapes]bool
 	for i := range cards {
 		c := &cards[i]
+		f.fitting[i] = 0
 		if !c.Healthy {
 			continue
 		}
-		if lastModel == "" || c.ModelLower != lastModel {
-			lastModel = c.ModelLower
-			for k := 0; k < f.shapes; k++ {
-				matches[k] = w.Shapes[k].Selector.Matches(c.ModelLower, "")
-			}
-		}
 		fp := freePermille(free[i], c.Capacity)
 		f.total += fp
+		if j := sameCard(cards, free, i); j >= 0 {
+			f.fitting[i] = f.fitting[j]
+		} else {
+			f.matchCard(w, c)
+			for k := 0; k < f.shapes; k++ {
+				if f.fits(k, free[i]) {
+					f.fitting[i] |= 1 << k
+				}
+			}
+		}
 		for k := 0; k < f.shapes; k++ {
-			if matches[k] && shapeFits(w, k, c, free[i]) {
+			if f.fitting[i]&(1<<k) != 0 {
 				f.usable[k]++
 			} else {
 				f.unused[k] += fp
@@ -94,39 +118,80 @@ func (f *fragment) measure(w *Workload, cards []Card, free []Usage, cpuFree int6
 	}
 }
 
-// move updates the fragment for a healthy card going from free usage before
-// to after.
-func (f *fragment) move(w *Workload, card *Card, before, after Usage) {
-	fb, fa := freePermille(before, card.Capacity), freePermille(after, card.Capacity)
-	f.total += fa - fb
-	for k := 0; k < f.shapes; k++ {
-		if !w.Shapes[k].Selector.Matches(card.ModelLower, "") {
-			f.unused[k] += fa - fb
-			continue
-		}
-		if shapeFits(w, k, card, before) {
-			f.usable[k]--
-		} else {
-			f.unused[k] -= fb
-		}
-		if shapeFits(w, k, card, after) {
-			f.usable[k]++
-		} else {
-			f.unused[k] += fa
+// sameCard returns an earlier healthy card of the same kind and free usage
+// as card i, or -1: such cards fit the same shapes.
+func sameCard(cards []Card, free []Usage, i int) int {
+	for j := 0; j < i; j++ {
+		if cards[j].Healthy && free[j] == free[i] && cards[j].Capacity == cards[i].Capacity && cards[j].ModelLower == cards[i].ModelLower {
+			return j
 		}
 	}
+	return -1
+}
+
+// shift is shape k's usable cards and unused free after healthy card i goes
+// to free usage after; fb and fa are its free per mille before and after.
+func (f *fragment) shift(k, i int, after Usage, fb, fa int64) (int, int64) {
+	usable, unused := f.usable[k], f.unused[k]
+	if f.fitting[i]&(1<<k) != 0 {
+		usable--
+	} else {
+		unused -= fb
+	}
+	if f.fits(k, after) {
+		usable++
+	} else {
+		unused += fa
+	}
+	return usable, unused
+}
+
+// move updates the fragment for healthy card i going from before to after.
+func (f *fragment) move(w *Workload, cards []Card, i int, before, after Usage) {
+	card := &cards[i]
+	f.matchCard(w, card)
+	fb, fa := freePermille(before, card.Capacity), freePermille(after, card.Capacity)
+	for k := 0; k < f.shapes; k++ {
+		f.usable[k], f.unused[k] = f.shift(k, i, after, fb, fa)
+		if f.fits(k, after) {
+			f.fitting[i] |= 1 << k
+		} else {
+			f.fitting[i] &^= 1 << k
+		}
+	}
+	f.total += fa - fb
+}
+
+// delta is how much value would change if healthy card i went from before
+// to after, without changing the fragment.
+func (f *fragment) delta(w *Workload, cards []Card, i int, before, after Usage) float64 {
+	card := &cards[i]
+	f.matchCard(w, card)
+	fb, fa := freePermille(before, card.Capacity), freePermille(after, card.Capacity)
+	total := f.total + fa - fb
+	var d float64
+	for k := 0; k < f.shapes; k++ {
+		usable, unused := f.shift(k, i, after, fb, fa)
+		d += w.Shapes[k].Weight * float64(f.term(w, k, total, usable, unused)-f.term(w, k, f.total, f.usable[k], f.unused[k]))
+	}
+	return d
+}
+
+// term is shape k's fragment: all the free GPU when the shape does not fit
+// the node, else the free GPU on cards too small for it.
+func (f *fragment) term(w *Workload, k int, total int64, usable int, unused int64) int64 {
+	s := &w.Shapes[k]
+	if f.cpuFree < s.CPUMilli || usable < s.Container.Count {
+		return total
+	}
+	return unused
 }
 
 // value is the node's expected fragmentation in per mille of a card.
 func (f *fragment) value(w *Workload) float64 {
 	var v float64
 	for k := 0; k < f.shapes; k++ {
-		s := &w.Shapes[k]
-		if f.cpuFree < s.CPUMilli || f.usable[k] < s.Container.Count {
-			v += s.Weight * float64(f.total)
-			continue
-		}
-		v += s.Weight * float64(f.unused[k])
+		v += w.Shapes[k].Weight * float64(f.term(w, k, f.total, f.usable[k], f.unused[k]))
 	}
 	return v
 }

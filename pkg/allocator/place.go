@@ -97,7 +97,12 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	}
 	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards)}
 	if w != nil {
-		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli-st.CPUMilli)
+		for i := range cards[:n] {
+			if s.charge[i] != (Usage{}) && cards[i].Healthy {
+				s.frag.move(w, cards, i, s.free[i].add(s.charge[i]), s.free[i])
+			}
+		}
+		s.frag.cpuFree -= st.CPUMilli
 		o.FragmentationDelta = s.frag.value(w) - s.fragBefore
 	}
 	return o
@@ -126,7 +131,11 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 			case Binpack:
 				key = -key
 			case FragmentationAware:
-				key = s.fragKey(w, card, i, nd, key)
+				// A card like one already ranked ranks the same.
+				if j := sameCard(cards, s.free[:len(cards)], i); j >= 0 && s.eligible[j] && !s.taken[j] && best >= 0 {
+					continue
+				}
+				key = s.fragKey(w, cards, i, nd, key)
 			}
 			if best < 0 || (reuse && !bestReuse) || (reuse == bestReuse && key > bestKey) {
 				best, bestReuse, bestKey = i, reuse, key
@@ -150,10 +159,8 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 
 // fragKey ranks card i for a container taking nd by the node's
 // fragmentation after the placement, lower first, then by the tightest fit.
-func (s *scratch) fragKey(w *Workload, card *Card, i int, nd Usage, leftover int64) int64 {
-	f := s.frag
-	f.move(w, card, s.free[i], s.free[i].sub(nd))
-	return -int64(f.value(w)*100)*4096 - leftover
+func (s *scratch) fragKey(w *Workload, cards []Card, i int, nd Usage, leftover int64) int64 {
+	return -int64((s.fragBefore+s.frag.delta(w, cards, i, s.free[i], s.free[i].sub(nd)))*100)*4096 - leftover
 }
 
 // commit records that a container of kind uses nd on card i: the pod's charge
