@@ -17,8 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
@@ -207,21 +208,14 @@ func throughputRound(tCtx ktesting.TContext, s side, n, round int) (float64, str
 	}); err != nil {
 		tCtx.Fatal(err)
 	}
-	list, err := client.CoreV1().Pods(ns).List(tCtx, metav1.ListOptions{Limit: 1})
-	if err != nil {
-		tCtx.Fatal(err)
-	}
-	w, err := client.CoreV1().Pods(ns).Watch(tCtx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-	if err != nil {
-		tCtx.Fatal(err)
-	}
-	defer w.Stop()
+	bound := watchBindings(tCtx, client, ns)
 	before := extensionPointTotals(s.profile)
 	sched, err := cluster.StartScheduler(tCtx, s.config)
 	if err != nil {
 		tCtx.Fatal(err)
 	}
-	first, last := waitAllBound(tCtx, w, len(specs))
+	defer sched.Stop()
+	first, last := bound.wait(tCtx, len(specs))
 	sched.Stop()
 	latencies := extensionPointMeans(before, extensionPointTotals(s.profile))
 	zero := int64(0)
@@ -238,28 +232,56 @@ func throughputRound(tCtx ktesting.TContext, s side, n, round int) (float64, str
 	return float64(len(specs)-1) / last.Sub(first).Seconds(), latencies
 }
 
-// waitAllBound follows the watch until n pods are bound and returns when the
-// first and the last were seen bound.
-func waitAllBound(tCtx ktesting.TContext, w watch.Interface, n int) (first, last time.Time) {
-	bound := map[string]bool{}
-	timeout := time.After(15 * time.Minute)
-	for len(bound) < n {
-		select {
-		case ev, ok := <-w.ResultChan():
-			if !ok {
-				tCtx.Fatalf("pod watch closed with %d of %d bound", len(bound), n)
+// bindings records when each pod of a namespace was first seen bound, from
+// an informer (which survives watch restarts).
+type bindings struct {
+	mu    sync.Mutex
+	times map[string]time.Time
+}
+
+func watchBindings(tCtx ktesting.TContext, client kubernetes.Interface, ns string) *bindings {
+	b := &bindings{times: map[string]time.Time{}}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns))
+	record := func(obj any) {
+		if p, ok := obj.(*v1.Pod); ok && p.Spec.NodeName != "" {
+			b.mu.Lock()
+			if _, seen := b.times[p.Name]; !seen {
+				b.times[p.Name] = time.Now()
 			}
-			p, isPod := ev.Object.(*v1.Pod)
-			if !isPod || p.Spec.NodeName == "" || bound[p.Name] {
-				continue
-			}
-			bound[p.Name] = true
-			last = time.Now()
-			if len(bound) == 1 {
-				first = last
-			}
-		case <-timeout:
-			tCtx.Fatalf("%d of %d pods bound after 15m", len(bound), n)
+			b.mu.Unlock()
+		}
+	}
+	if _, err := factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: record, UpdateFunc: func(_, obj any) { record(obj) },
+	}); err != nil {
+		tCtx.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(tCtx)
+	tCtx.Cleanup(cancel)
+	factory.Start(ctx.Done())
+	factory.WaitForCacheSync(ctx.Done())
+	return b
+}
+
+// wait waits until n pods are bound and returns when the first and the last
+// were seen bound.
+func (b *bindings) wait(tCtx ktesting.TContext, n int) (first, last time.Time) {
+	err := wait.PollUntilContextTimeout(tCtx, 50*time.Millisecond, 15*time.Minute, true, func(context.Context) (bool, error) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.times) >= n, nil
+	})
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err != nil {
+		tCtx.Fatalf("%d of %d pods bound: %v", len(b.times), n, err)
+	}
+	for _, t := range b.times {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+		if t.After(last) {
+			last = t
 		}
 	}
 	return first, last

@@ -235,22 +235,7 @@ func TestScore(t *testing.T) {
 	} {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			h := newHarness(t, args(tc.policy, tc.policy), used, empty, running)
-			state := framework.NewCycleState()
-			h.plugin.PreFilter(h.ctx, state, pod, nil)
-			if s := h.plugin.PreScore(h.ctx, state, pod, nil); !s.IsSuccess() {
-				t.Fatalf("PreScore: %v", s)
-			}
-			var got fwk.NodeScoreList
-			for _, n := range []*v1.Node{used, empty} {
-				score, s := h.plugin.Score(h.ctx, state, pod, nodeInfo(n))
-				if !s.IsSuccess() {
-					t.Fatal(s)
-				}
-				got = append(got, fwk.NodeScore{Name: n.Name, Score: score})
-			}
-			if s := h.plugin.NormalizeScore(h.ctx, state, pod, got); !s.IsSuccess() {
-				t.Fatal(s)
-			}
+			got := scoreNodes(t, h, pod, nodeInfo(used), nodeInfo(empty))
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("scores (-want,+got):\n%s", diff)
 			}
