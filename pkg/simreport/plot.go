@@ -30,9 +30,6 @@ func Plot(path, trace string, tessera, artifact []Mean) error {
 	p.Title.Text = fmt.Sprintf("openb %s: GPU allocation vs arrived workload (mean of seeds)", trace)
 	p.X.Label.Text = "arrived GPU workload (% of capacity)"
 	p.Y.Label.Text = "GPU allocated (% of capacity)"
-	// Every policy places everything until the cluster nears full: the
-	// plot starts at half the capacity, where they part.
-	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = 50, 130, 50, 100
 	p.Add(plotter.NewGrid())
 	p.Legend.Top, p.Legend.Left = false, false
 	p.Legend.XOffs, p.Legend.YOffs = -vg.Millimeter*2, vg.Millimeter*10
@@ -66,6 +63,10 @@ func Plot(path, trace string, tessera, artifact []Mean) error {
 			}
 		}
 	}
+	// Every policy places everything until the cluster nears full: the plot
+	// starts at half the capacity, where they part. (Set after Add, which
+	// widens the axes to the data.)
+	p.X.Min, p.X.Max, p.Y.Min, p.Y.Max = 50, 130, 50, 100
 	return p.Save(9*vg.Inch, 6*vg.Inch, path)
 }
 
