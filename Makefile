@@ -7,7 +7,7 @@ BIN      ?= bin
 RACE_PKGS := ./pkg/plugins/... ./pkg/ledger/... ./pkg/allocator/... ./pkg/gpuinfo/... ./pkg/workload/...
 FUZZTIME ?= 10s
 # Interleaved rounds of the throughput benchmark; task lists the simulator replays.
-ROUNDS   ?= 3
+ROUNDS   ?= 1
 TRACES   ?= default
 FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 

@@ -45,6 +45,9 @@ type feed struct {
 	// all delivered their initial lists.
 	handlers []cache.ResourceEventHandlerRegistration
 	synced   atomic.Bool
+	// consistent maps a node name to the snapshot generation at which the
+	// ledger was last found to hold no pod the snapshot lacks.
+	consistent sync.Map
 	// learner learns the workload from the requests of the pods scheduled.
 	learner *workload.Learner
 }

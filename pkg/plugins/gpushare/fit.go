@@ -30,15 +30,31 @@ func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, st allocator.Strategy
 		return out, err
 	}
 	if k := out.Failure.Kind; (k == allocator.NoCapacity || k == allocator.TooFewCards) &&
-		p.ledger.BoundCount(node.Name) > boundGPUPods(nodeInfo) && p.dropDeletedPods(node.Name) {
+		p.mayBeStale(nodeInfo) && p.dropDeletedPods(node.Name) {
 		return p.ledger.Fit(node.Name, s.req, deltas, st)
 	}
 	return out, err
 }
 
+// mayBeStale reports whether the ledger may still hold a pod the scheduler's
+// snapshot of the node no longer has: when it records more bound GPU pods
+// there than the snapshot shows. A node found consistent is not checked again
+// until its snapshot changes (its generation), so a full fleet costs one
+// check per changed node, not one per node per pod.
+func (p *Plugin) mayBeStale(nodeInfo fwk.NodeInfo) bool {
+	name, generation := nodeInfo.Node().Name, nodeInfo.GetGeneration()
+	if v, ok := p.consistent.Load(name); ok && v.(int64) == generation {
+		return false
+	}
+	if p.ledger.BoundCount(name) > boundGPUPods(nodeInfo) {
+		return true
+	}
+	p.consistent.Store(name, generation)
+	return false
+}
+
 // boundGPUPods counts the pods the scheduler's snapshot has bound to the node
-// with a GPU assignment. When the ledger records more, the snapshot has seen
-// a deletion the ledger has not: only then is the informer store consulted.
+// with a GPU assignment.
 func boundGPUPods(nodeInfo fwk.NodeInfo) int {
 	n := 0
 	for _, pi := range nodeInfo.GetPods() {
