@@ -1,6 +1,6 @@
 // Command demo shows Tessera sharing GPUs, with nothing to install: it starts
 // a real kube-apiserver and etcd in this process, a fleet of simulated GPU
-// nodes, Tessera's scheduler with both profiles, submits the example pods
+// nodes, Tessera's scheduler with its profiles, submits the example pods
 // from manifests/examples, and prints where every pod landed, card by card.
 package main
 
@@ -105,7 +105,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	defer sched.Stop()
-	fmt.Fprintln(out, "Scheduler running with profiles tessera-binpack and tessera-spread.")
+	fmt.Fprintln(out, "Scheduler running with profiles tessera-binpack, tessera-spread and tessera-fragmentation-aware.")
 
 	names, err := submitExamples(ctx, client, o.examples)
 	if err != nil {

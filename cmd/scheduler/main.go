@@ -1,6 +1,7 @@
 // Command scheduler is kube-scheduler with Tessera's GPUShare plugin built in.
 // Every kube-scheduler flag works as usual; see config/scheduler-config.yaml
-// for the tessera-binpack and tessera-spread profiles.
+// for the tessera-binpack, tessera-spread and tessera-fragmentation-aware
+// profiles.
 package main
 
 import (

@@ -48,8 +48,9 @@ func TestShippedConfigurationLoads(t *testing.T) {
 		t.Fatalf("set-up with the shipped configuration failed: %v", err)
 	}
 	want := map[string][]string{
-		"tessera-binpack": {gpushare.Name, "DefaultBinder"},
-		"tessera-spread":  {gpushare.Name, "DefaultBinder"},
+		"tessera-binpack":             {gpushare.Name, "DefaultBinder"},
+		"tessera-spread":              {gpushare.Name, "DefaultBinder"},
+		"tessera-fragmentation-aware": {gpushare.Name, "DefaultBinder"},
 	}
 	if diff := cmp.Diff(want, binders); diff != "" {
 		t.Errorf("bind plugins per profile (-want,+got):\n%s", diff)
