@@ -123,6 +123,7 @@ func (f *feed) onNodeDelete(obj any) {
 	}
 	if n, ok := obj.(*v1.Node); ok {
 		f.ledger.DeleteNode(n.Name)
+		f.consistent.Delete(n.Name)
 	}
 }
 
