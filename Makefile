@@ -44,7 +44,7 @@ fuzz:
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./pkg/plugins/gpushare/
 
-## bench-throughput: pods/s of Tessera vs vanilla kube-scheduler, 1,000 and 5,000 nodes (about half an hour)
+## bench-throughput: pods/s of Tessera vs vanilla kube-scheduler, 1,000 and 5,000 nodes (about 6 minutes a round)
 bench-throughput:
 	$(GO) test -run='^$$' -bench=Throughput -benchtime=$(ROUNDS)x -timeout=120m ./test/integration/
 
