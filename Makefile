@@ -2,6 +2,14 @@
 # share one build cache (a cold build of the Kubernetes code costs minutes).
 GO       ?= go
 BIN      ?= bin
+# go-nvml's cgo code calls NVML functions the header marks deprecated; only
+# that warning is silenced (a cold build printed ~180 lines of it), every
+# other compiler warning and error still shows.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+# Images: docker build with the Dockerfiles below (not run in CI: the build
+# machines have no container runtime).
+REGISTRY ?= ghcr.io/tessera-gpu
+VERSION  ?= v0.1.0
 # Packages run under the race detector: the plugin and everything it calls
 # concurrently from the framework's parallel Filter.
 RACE_PKGS := ./pkg/plugins/... ./pkg/ledger/... ./pkg/allocator/... ./pkg/gpuinfo/... ./pkg/workload/...
@@ -11,7 +19,7 @@ ROUNDS   ?= 1
 TRACES   ?= default
 FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 
-.PHONY: all build demo test test-unit test-race fuzz bench bench-throughput sim lint clean
+.PHONY: all build release-scheduler release-node-agent images demo test test-unit test-race fuzz bench bench-throughput sim lint clean
 
 all: build
 
@@ -19,6 +27,18 @@ all: build
 build:
 	$(GO) build -o $(BIN)/tessera-scheduler ./cmd/scheduler
 	$(GO) build -o $(BIN)/node-agent ./node-agent/cmd/node-agent
+
+## release-scheduler, release-node-agent: the binaries the images ship (the Dockerfiles run these).
+## The scheduler is static (no cgo); the agent needs cgo and glibc to dlopen the driver's NVML.
+release-scheduler:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/tessera-scheduler ./cmd/scheduler
+release-node-agent:
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/node-agent ./node-agent/cmd/node-agent
+
+## images: the scheduler and node-agent images (needs a container engine)
+images:
+	docker build -f cmd/scheduler/Dockerfile -t $(REGISTRY)/tessera-scheduler:$(VERSION) .
+	docker build -f node-agent/Dockerfile -t $(REGISTRY)/tessera-node-agent:$(VERSION) .
 
 ## demo: an embedded control plane, simulated GPU nodes, the scheduler, the example pods and a placement table
 ## (make demo ARGS=--once prints the table once and exits)

@@ -32,7 +32,6 @@ import (
 type options struct {
 	once     bool
 	examples string
-	config   string
 	workDir  string
 }
 
@@ -52,7 +51,6 @@ func main() {
 	var o options
 	flag.BoolVar(&o.once, "once", false, "print the placement once and exit instead of running until interrupted")
 	flag.StringVar(&o.examples, "examples", "manifests/examples", "directory of example pod manifests to submit")
-	flag.StringVar(&o.config, "config", "config/scheduler-config.yaml", "scheduler configuration file")
 	flag.StringVar(&o.workDir, "work-dir", filepath.Join(os.TempDir(), "tessera-demo"), "where the kubeconfig and logs are written")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -72,7 +70,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	if err := quietLogs(logFile); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "Starting an embedded control plane (etcd + kube-apiserver; logs in %s)...\n", logFile)
+	fmt.Fprintf(out, "Starting an embedded control plane (etcd + kube-apiserver; logs in %s) and installing manifests/...\n", logFile)
 	cp, err := cluster.Start(func(format string, args ...any) { klog.V(2).Infof(format, args...) })
 	if err != nil {
 		return err
@@ -82,22 +80,26 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	agents, stopAgents := context.WithCancel(ctx)
 	defer stopAgents()
 	for _, n := range fleet {
-		a, err := cluster.AddSimulatedNode(ctx, client, n.name, n.spec, n.cards, nil)
+		a, err := cp.AddSimulatedNode(ctx, n.name, n.spec, n.cards, nil)
 		if err != nil {
 			return err
 		}
 		go a.Run(agents) // keeps the heartbeat Lease fresh while the demo runs
 		fmt.Fprintf(out, "Node %s: %d x %s (simulated by the node agent)\n", n.name, n.cards, n.spec)
 	}
-	if _, err := cluster.CreateGPUNode(ctx, client, "cpu-node", nil, nil); err != nil {
+	if _, err := cluster.CreateNode(ctx, client, "cpu-node", nil); err != nil {
 		return err
 	}
 	kubeconfig := filepath.Join(o.workDir, "kubeconfig")
+	schedulerKubeconfig := filepath.Join(o.workDir, "scheduler-kubeconfig")
 	schedulerConfig := filepath.Join(o.workDir, "scheduler-config.yaml")
 	if err := cp.WriteKubeconfig(kubeconfig); err != nil {
 		return err
 	}
-	if err := cluster.WriteSchedulerConfig(o.config, kubeconfig, schedulerConfig); err != nil {
+	if err := cp.WriteSchedulerKubeconfig(schedulerKubeconfig); err != nil {
+		return err
+	}
+	if err := cluster.WriteSchedulerConfig(cp.SchedulerConfig, schedulerKubeconfig, schedulerConfig); err != nil {
 		return err
 	}
 	sched, err := cluster.StartScheduler(ctx, schedulerConfig)
@@ -105,7 +107,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	defer sched.Stop()
-	fmt.Fprintln(out, "Scheduler running with profiles tessera-binpack, tessera-spread and tessera-fragmentation-aware.")
+	fmt.Fprintln(out, "Scheduler running as its ServiceAccount, with profiles tessera-binpack, tessera-spread and tessera-fragmentation-aware.")
 
 	names, err := submitExamples(ctx, client, o.examples)
 	if err != nil {

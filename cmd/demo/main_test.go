@@ -14,7 +14,7 @@ import (
 func TestDemoOnce(t *testing.T) {
 	tCtx := ktesting.Init(t)
 	var out bytes.Buffer
-	err := run(tCtx, options{once: true, examples: "../../manifests/examples", config: "../../config/scheduler-config.yaml", workDir: t.TempDir()}, &out)
+	err := run(tCtx, options{once: true, examples: "../../manifests/examples", workDir: t.TempDir()}, &out)
 	if err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}

@@ -1,5 +1,5 @@
 // Command scheduler is kube-scheduler with Tessera's GPUShare plugin built in.
-// Every kube-scheduler flag works as usual; see config/scheduler-config.yaml
+// Every kube-scheduler flag works as usual; see manifests/base/scheduler/scheduler-config.yaml
 // for the tessera-binpack, tessera-spread and tessera-fragmentation-aware
 // profiles.
 package main

@@ -43,7 +43,7 @@ func setup(t *testing.T, configFile string) (map[string][]string, error) {
 }
 
 func TestShippedConfigurationLoads(t *testing.T) {
-	binders, err := setup(t, "../../config/scheduler-config.yaml")
+	binders, err := setup(t, "../../manifests/base/scheduler/scheduler-config.yaml")
 	if err != nil {
 		t.Fatalf("set-up with the shipped configuration failed: %v", err)
 	}

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/term"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/sim"
@@ -333,11 +334,13 @@ func writeRuns(path string, runs []simreport.Run) error {
 	return os.Rename(tmp, path)
 }
 
-// progressBar draws one status line: finished replays out of all, and the
-// progress of those running.
+// progressBar reports the replays. On a terminal it draws one status line:
+// finished replays out of all, and the progress of those running. Elsewhere
+// (a log, CI) it writes only a line per finished replay.
 type progressBar struct {
 	mu       sync.Mutex
 	w        io.Writer
+	live     bool
 	total    int
 	finished int
 	running  map[string]float64
@@ -345,14 +348,16 @@ type progressBar struct {
 }
 
 func newProgress(w io.Writer, total int) *progressBar {
-	return &progressBar{w: w, total: total, running: map[string]float64{}}
+	f, ok := w.(*os.File)
+	live := ok && term.IsTerminal(int(f.Fd()))
+	return &progressBar{w: w, live: live, total: total, running: map[string]float64{}}
 }
 
 func (b *progressBar) update(name string, done, total int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.running[name] = float64(done) / float64(total)
-	if time.Since(b.drawn) > 250*time.Millisecond {
+	if b.live && time.Since(b.drawn) > 250*time.Millisecond {
 		b.draw()
 	}
 }
@@ -363,23 +368,35 @@ func (b *progressBar) finish(name string, res *sim.Result) {
 	delete(b.running, name)
 	b.finished++
 	if res != nil {
-		fmt.Fprintf(b.w, "\r\033[K%s: %.2f%% unallocated at arrived 100%%, %d/%d tasks placed, %s\n", name, res.Unallocated(), res.Placed, res.Tasks, res.Elapsed.Round(time.Second))
+		b.line(fmt.Sprintf("%s: %.2f%% unallocated at arrived 100%%, %d/%d tasks placed, %s (%d/%d replays)", name, res.Unallocated(), res.Placed, res.Tasks, res.Elapsed.Round(time.Second), b.finished, b.total))
 	}
-	b.draw()
+	if b.live {
+		b.draw()
+	}
 }
 
 func (b *progressBar) note(msg string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	fmt.Fprintf(b.w, "\r\033[K%s\n", msg)
+	b.line(msg)
+}
+
+// line writes msg on a line of its own, over the status line when live.
+func (b *progressBar) line(msg string) {
+	if b.live {
+		fmt.Fprint(b.w, "\r\033[K")
+	}
+	fmt.Fprintln(b.w, msg)
 }
 
 // end moves past the status line.
 func (b *progressBar) end() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.draw()
-	fmt.Fprintln(b.w)
+	if b.live {
+		b.draw()
+		fmt.Fprintln(b.w)
+	}
 }
 
 func (b *progressBar) draw() {

@@ -69,8 +69,8 @@ func TestRun(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(out, "tiny.svg")); err != nil {
 		t.Error(err)
 	}
-	if !strings.Contains(progress.String(), "4/4 replays") {
-		t.Errorf("progress does not end at 4/4 replays:\n%s", progress.String())
+	if !strings.Contains(progress.String(), "(4/4 replays)") || strings.Contains(progress.String(), "\r") {
+		t.Errorf("progress to a file is not a line per replay ending at 4/4 replays:\n%q", progress.String())
 	}
 	// A second run of one job keeps the other results.
 	o.profiles, o.seeds = "tessera-binpack", "1"

@@ -5,6 +5,7 @@
 package cluster
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -22,21 +23,34 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
+
+	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// ControlPlane is an embedded etcd and a kube-apiserver serving on loopback.
+// ControlPlane is an embedded etcd and a kube-apiserver serving on loopback,
+// with Tessera installed from its manifests.
 type ControlPlane struct {
 	// Config reaches the API server as an administrator.
 	Config *rest.Config
 	// Client is a clientset for Config.
 	Client kubernetes.Interface
-	r      *runner
+	// SchedulerConfig is the KubeSchedulerConfiguration of the installed
+	// scheduler ConfigMap.
+	SchedulerConfig []byte
+	r               *runner
 }
 
-// Start starts etcd and kube-apiserver. Without a controller manager, the
+// Start starts etcd and kube-apiserver, with Node and RBAC authorization as
+// in a production cluster, and installs Tessera's manifests (RBAC, admission
+// policies, workloads) as `kubectl apply -k manifests` would, waiting until
+// the admission policies are in force. Without a controller manager, the
 // ServiceAccount and TaintNodesByCondition admission plugins are off (no
-// default service accounts; new nodes carry no not-ready taint) and no
-// endpoint reconciler runs. logf receives the servers' progress messages.
+// default service accounts; new nodes carry no not-ready taint), no
+// endpoint reconciler runs, and the installed Deployment and DaemonSet start
+// no pods: the scheduler and agents run in this process (StartScheduler,
+// AddSimulatedNode) under the manifests' identities. logf receives the
+// servers' progress messages.
 func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) {
 	// The API server and the scheduler both apply logging options.
 	logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged
@@ -63,6 +77,7 @@ func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) 
 	server, err := kubeapiservertesting.StartTestServer(r, opts, []string{
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		"--endpoint-reconciler-type=none",
+		"--authorization-mode=Node,RBAC",
 	}, storage)
 	if err != nil {
 		r.cleanup()
@@ -74,7 +89,40 @@ func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) 
 		r.cleanup()
 		return nil, err
 	}
-	return &ControlPlane{Config: server.ClientConfig, Client: client, r: r}, nil
+	cp = &ControlPlane{Config: server.ClientConfig, Client: client, r: r}
+	if err := cp.install(); err != nil {
+		r.cleanup()
+		return nil, err
+	}
+	return cp, nil
+}
+
+// install applies the manifests' base and waits for its admission policies.
+func (cp *ControlPlane) install() error {
+	objs, err := install.Render(install.Base)
+	if err != nil {
+		return err
+	}
+	if cp.SchedulerConfig, err = install.SchedulerConfig(objs); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := install.Apply(ctx, cp.Config, objs); err != nil {
+		return fmt.Errorf("installing the manifests: %w", err)
+	}
+	return install.WaitEnforced(ctx, cp.Config, gpuinfo.DefaultResourceNames(), time.Minute)
+}
+
+// AgentConfig reaches the API server as the node agent of node, under the
+// manifests' identity for it.
+func (cp *ControlPlane) AgentConfig(node string) *rest.Config {
+	return install.AsAgent(cp.Config, node)
+}
+
+// AgentClient is a clientset for AgentConfig(node).
+func (cp *ControlPlane) AgentClient(node string) (kubernetes.Interface, error) {
+	return kubernetes.NewForConfig(cp.AgentConfig(node))
 }
 
 // Stop shuts the API server and etcd down and removes their files.
@@ -124,12 +172,23 @@ func freePorts(n int) ([]int, error) {
 }
 
 // WriteKubeconfig writes a kubeconfig file for the control plane's admin.
-func (cp *ControlPlane) WriteKubeconfig(path string) error {
-	c := cp.Config
+func (cp *ControlPlane) WriteKubeconfig(path string) error { return WriteKubeconfig(cp.Config, path) }
+
+// WriteSchedulerKubeconfig writes a kubeconfig file that acts as the
+// scheduler's ServiceAccount.
+func (cp *ControlPlane) WriteSchedulerKubeconfig(path string) error {
+	return WriteKubeconfig(install.AsScheduler(cp.Config), path)
+}
+
+// WriteKubeconfig writes a kubeconfig file for c, impersonation included.
+func WriteKubeconfig(c *rest.Config, path string) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["tessera"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData, TLSServerName: c.ServerName, InsecureSkipTLSVerify: c.Insecure}
-	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{Token: c.BearerToken, ClientCertificateData: c.CertData, ClientKeyData: c.KeyData}
-	cfg.Contexts["tessera"] = &clientcmdapi.Context{Cluster: "tessera", AuthInfo: "admin"}
+	cfg.AuthInfos["user"] = &clientcmdapi.AuthInfo{
+		Token: c.BearerToken, ClientCertificateData: c.CertData, ClientKeyData: c.KeyData,
+		Impersonate: c.Impersonate.UserName, ImpersonateUID: c.Impersonate.UID, ImpersonateGroups: c.Impersonate.Groups, ImpersonateUserExtra: c.Impersonate.Extra,
+	}
+	cfg.Contexts["tessera"] = &clientcmdapi.Context{Cluster: "tessera", AuthInfo: "user"}
 	cfg.CurrentContext = "tessera"
 	return clientcmd.WriteToFile(*cfg, path)
 }

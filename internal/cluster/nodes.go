@@ -2,15 +2,17 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
@@ -28,9 +30,6 @@ const (
 	L4   CardSpec = "L4-24GB"
 )
 
-// AgentNamespace is where simulated nodes' agents keep their heartbeat Leases.
-const AgentNamespace = "tessera-system"
-
 // SimulatedInventory is the inventory the node agent's simulated backend
 // reports for count cards of one kind on node.
 func SimulatedInventory(node string, spec CardSpec, count int) (*gpuinfo.Inventory, error) {
@@ -43,50 +42,54 @@ func SimulatedInventory(node string, spec CardSpec, count int) (*gpuinfo.Invento
 }
 
 // AddSimulatedNode creates a node and runs the node agent's discovery and
-// publishing for it once, with the simulated backend: the node's inventory
-// and heartbeat come from the same code as on a real node. The returned
-// agent keeps the heartbeat going when Run.
-func AddSimulatedNode(ctx context.Context, client kubernetes.Interface, name string, spec CardSpec, count int, labels map[string]string) (*agent.Agent, error) {
-	if _, err := CreateGPUNode(ctx, client, name, nil, labels); err != nil {
+// publishing for it once, with the simulated backend and under the agent's
+// identity for that node: the node's inventory and heartbeat come from the
+// same code, and pass the same admission policies, as on a real node. The
+// returned agent keeps the heartbeat going when Run.
+func (cp *ControlPlane) AddSimulatedNode(ctx context.Context, name string, spec CardSpec, count int, labels map[string]string) (*agent.Agent, error) {
+	if _, err := CreateNode(ctx, cp.Client, name, labels); err != nil {
 		return nil, err
 	}
 	backend, err := discovery.NewSimulated(name, fmt.Sprintf("%dx%s", count, spec))
 	if err != nil {
 		return nil, err
 	}
-	if err := ensureNamespace(ctx, client, AgentNamespace); err != nil {
+	client, err := cp.AgentClient(name)
+	if err != nil {
 		return nil, err
 	}
 	a := &agent.Agent{
 		Backend:           backend,
-		Publisher:         &publish.Publisher{Client: client, NodeName: name, Namespace: AgentNamespace, LeaseDuration: 40 * time.Second},
+		Publisher:         &publish.Publisher{Client: client, NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second},
 		RescanInterval:    30 * time.Second,
 		HeartbeatInterval: 10 * time.Second,
 	}
 	return a, a.Once(ctx)
 }
 
-func ensureNamespace(ctx context.Context, client kubernetes.Interface, name string) error {
-	_, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		return nil
+// PublishInventory sets the node's inventory annotation to raw, as the node's
+// agent: tests use it for inventories the agent's code would not write.
+func (cp *ControlPlane) PublishInventory(ctx context.Context, node, raw string) error {
+	client, err := cp.AgentClient(node)
+	if err != nil {
+		return err
 	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpuinfo.InventoryAnnotation: raw}}})
+	if err != nil {
+		return err
+	}
+	_, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
 	return err
 }
 
-// CreateGPUNode creates NewGPUNode(name, inv, labels). Tests use it for
-// inventories no agent would write.
-func CreateGPUNode(ctx context.Context, client kubernetes.Interface, name string, inv *gpuinfo.Inventory, labels map[string]string) (*v1.Node, error) {
-	node, err := NewGPUNode(name, inv, labels)
-	if err != nil {
-		return nil, err
-	}
-	return client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+// CreateNode creates NewNode(name, labels).
+func CreateNode(ctx context.Context, client kubernetes.Interface, name string, labels map[string]string) (*v1.Node, error) {
+	return client.CoreV1().Nodes().Create(ctx, NewNode(name, labels), metav1.CreateOptions{})
 }
 
-// NewGPUNode is a Ready node with 64 CPUs, 512 GiB and 110 pods allocatable,
-// the given labels, and the inventory annotation (none when inv is nil).
-func NewGPUNode(name string, inv *gpuinfo.Inventory, labels map[string]string) (*v1.Node, error) {
+// NewNode is a Ready node with 64 CPUs, 512 GiB and 110 pods allocatable and
+// the given labels. It has no GPU inventory: only its agent may publish one.
+func NewNode(name string, labels map[string]string) *v1.Node {
 	node := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.LabelHostname: name}},
 		Status: v1.NodeStatus{
@@ -102,12 +105,5 @@ func NewGPUNode(name string, inv *gpuinfo.Inventory, labels map[string]string) (
 		v1.ResourcePods:   resource.MustParse("110"),
 	}
 	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
-	if inv != nil {
-		raw, err := inv.Encode()
-		if err != nil {
-			return nil, err
-		}
-		node.Annotations = map[string]string{gpuinfo.InventoryAnnotation: raw}
-	}
-	return node, nil
+	return node
 }

@@ -26,18 +26,15 @@ type Scheduler struct {
 	stop   sync.Once
 }
 
-// WriteSchedulerConfig copies the scheduler configuration at src to dst with
+// WriteSchedulerConfig writes the scheduler configuration raw to dst with
 // its client pointed at kubeconfig and kube-scheduler's client rate limit
 // raised (as upstream's scheduler_perf does), so that the limiter is not what
-// a test measures. Everything else is the shipped file.
-func WriteSchedulerConfig(src, kubeconfig, dst string) error {
-	raw, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
+// a test measures. Everything else is as given (ControlPlane.SchedulerConfig:
+// the installed one).
+func WriteSchedulerConfig(raw []byte, kubeconfig, dst string) error {
 	var cfg map[string]any
 	if err := yaml.Unmarshal(raw, &cfg); err != nil {
-		return fmt.Errorf("%s: %w", src, err)
+		return fmt.Errorf("scheduler configuration: %w", err)
 	}
 	cfg["clientConnection"] = map[string]any{"kubeconfig": kubeconfig, "qps": 5000, "burst": 5000}
 	out, err := yaml.Marshal(cfg)

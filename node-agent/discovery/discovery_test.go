@@ -1,21 +1,11 @@
 package discovery
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
-	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 func TestSimulated(t *testing.T) {
@@ -51,146 +41,5 @@ func TestSimulated(t *testing.T) {
 				t.Errorf("inventory of simulated cards is invalid: %v", err)
 			}
 		})
-	}
-}
-
-func TestNVMLWithMockDGXA100(t *testing.T) {
-	server := dgxa100.New()
-	n, err := NewNVML(server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	// Card 0's NUMA node comes from sysfs, found by its PCI bus ID.
-	n.sysfsPCI = t.TempDir()
-	dev, _ := server.DeviceGetHandleByIndex(0)
-	pci, _ := dev.GetPciInfo()
-	dir := filepath.Join(n.sysfsPCI, busID(pci))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "numa_node"), []byte("1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cards, err := n.Cards()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(cards) != 8 {
-		t.Fatalf("%d cards, want 8", len(cards))
-	}
-	uuids := map[string]bool{}
-	for i, c := range cards {
-		if c.Index != i || !strings.Contains(c.Model, "NVIDIA A100-SXM4-40GB") || c.MemoryMiB != 40960 || !c.Healthy || c.MIGEnabled {
-			t.Errorf("card %d = %+v", i, c)
-		}
-		uuids[c.UUID] = true
-	}
-	if len(uuids) != 8 {
-		t.Errorf("UUIDs not distinct: %v", uuids)
-	}
-	if cards[0].NUMANode != 1 {
-		t.Errorf("card 0's NUMA node = %d, want 1 (from sysfs)", cards[0].NUMANode)
-	}
-	if got := n.numaNode("0000:ff:00.0"); got != -1 {
-		t.Errorf("NUMA node of a card sysfs does not know = %d, want -1", got)
-	}
-	if err := Inventory(cards).Validate(); err != nil {
-		t.Errorf("inventory is invalid: %v", err)
-	}
-	if !strings.HasPrefix(n.Name(), "nvml (driver 550.54.15") {
-		t.Errorf("Name() = %q", n.Name())
-	}
-}
-
-func TestNVMLWithoutDriver(t *testing.T) {
-	lib := &mock.Interface{
-		InitFunc:        func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND },
-		ErrorStringFunc: func(r nvml.Return) string { return "library not found" },
-	}
-	if _, err := NewNVML(lib); !errors.Is(err, ErrNoDriver) {
-		t.Errorf("NewNVML = %v, want ErrNoDriver", err)
-	}
-}
-
-// TestRealNVML discovers the machine's own GPUs; it skips itself where no
-// NVIDIA driver is installed.
-func TestRealNVML(t *testing.T) {
-	n, err := NewNVML(nvml.New())
-	if errors.Is(err, ErrNoDriver) {
-		t.Skip("no NVIDIA driver on this machine: real NVML discovery not exercised")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	cards, err := n.Cards()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("%s: %+v", n.Name(), cards)
-	if len(cards) == 0 {
-		t.Fatal("NVML initialized but reported no GPUs")
-	}
-	inv := Inventory(cards)
-	if err := inv.Validate(); err != nil {
-		t.Fatalf("inventory is invalid: %v", err)
-	}
-	for _, c := range inv.Cards {
-		if c.MemoryMiB < 1024 || c.Cores != gpuinfo.FullCores {
-			t.Errorf("card %+v looks wrong", c)
-		}
-	}
-}
-
-func TestWatchXIDs(t *testing.T) {
-	devices := []*mock.Device{}
-	for i := 0; i < 2; i++ {
-		uuid := fmt.Sprint("GPU-", i)
-		devices = append(devices, &mock.Device{
-			GetUUIDFunc:        func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
-			RegisterEventsFunc: func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS },
-		})
-	}
-	events := []nvml.EventData{
-		{Device: devices[0], EventType: nvml.EventTypeXidCriticalError, EventData: 79},
-		{Device: devices[1], EventType: nvml.EventTypeXidCriticalError, EventData: 13},
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	set := &mock.EventSet{
-		FreeFunc: func() nvml.Return { return nvml.SUCCESS },
-		WaitFunc: func(uint32) (nvml.EventData, nvml.Return) {
-			if len(events) == 0 {
-				cancel() // the watch returns once ctx ends
-				return nvml.EventData{}, nvml.ERROR_TIMEOUT
-			}
-			e := events[0]
-			events = events[1:]
-			return e, nvml.SUCCESS
-		},
-	}
-	lib := &mock.Interface{
-		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
-		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "test", nvml.SUCCESS },
-		ErrorStringFunc:            func(nvml.Return) string { return "error" },
-		EventSetCreateFunc:         func() (nvml.EventSet, nvml.Return) { return set, nvml.SUCCESS },
-		DeviceGetCountFunc:         func() (int, nvml.Return) { return len(devices), nvml.SUCCESS },
-		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) { return devices[i], nvml.SUCCESS },
-	}
-	n, err := NewNVML(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type xid struct {
-		uuid string
-		xid  uint64
-	}
-	var got []xid
-	if err := n.WatchXIDs(ctx, func(uuid string, x uint64) { got = append(got, xid{uuid, x}) }); err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff([]xid{{"GPU-0", 79}, {"GPU-1", 13}}, got, cmp.AllowUnexported(xid{})); diff != "" {
-		t.Errorf("reported XIDs (-want,+got):\n%s", diff)
 	}
 }

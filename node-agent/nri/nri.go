@@ -13,8 +13,12 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
@@ -90,4 +94,22 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 		return fmt.Errorf("creating the NRI plugin: %w", err)
 	}
 	return s.Run(ctx)
+}
+
+// WatchPodsOnNode starts an informer over the pods bound to node — the only
+// pods whose containers the runtime on that node creates — and returns a
+// getter reading its cache once it has synced. It fails if the cache cannot
+// sync before ctx ends (for example, when the agent may not list pods).
+func WatchPodsOnNode(ctx context.Context, client kubernetes.Interface, node string) (PodGetter, error) {
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	}))
+	lister := factory.Core().V1().Pods().Lister()
+	factory.Start(ctx.Done())
+	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
+		if !synced {
+			return nil, fmt.Errorf("the informer of %v on node %s did not sync: %w", typ, node, context.Cause(ctx))
+		}
+	}
+	return func(namespace, name string) (*v1.Pod, error) { return lister.Pods(namespace).Get(name) }, nil
 }

@@ -8,8 +8,9 @@ import (
 	schedscheme "k8s.io/kubernetes/pkg/scheduler/apis/config/scheme"
 	"k8s.io/kubernetes/pkg/scheduler/apis/config/validation"
 
-	"github.com/tessera-gpu/tessera/config"
+	"github.com/tessera-gpu/tessera/manifests"
 	tesseraconfig "github.com/tessera-gpu/tessera/pkg/apis/config"
+
 	// Registers GPUShareArgs in kube-scheduler's configuration scheme.
 	_ "github.com/tessera-gpu/tessera/pkg/apis/config/scheme"
 	"github.com/tessera-gpu/tessera/pkg/plugins/gpushare"
@@ -48,10 +49,10 @@ func Profiles() ([]string, error) {
 	return profileNames(cfg), nil
 }
 
-// shippedConfig decodes config/scheduler-config.yaml, defaulted and validated
+// shippedConfig decodes manifests/base/scheduler/scheduler-config.yaml, defaulted and validated
 // as kube-scheduler does.
 func shippedConfig() (*schedconfig.KubeSchedulerConfiguration, error) {
-	obj, _, err := schedscheme.Codecs.UniversalDecoder().Decode(config.SchedulerConfig, nil, nil)
+	obj, _, err := schedscheme.Codecs.UniversalDecoder().Decode(manifests.SchedulerConfig, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("decoding the shipped scheduler configuration: %w", err)
 	}

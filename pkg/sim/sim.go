@@ -3,7 +3,7 @@
 // protocol, and records GPU allocation against arrived workload.
 //
 // The scheduler is kube-scheduler's own (scheduler.New and its scheduling
-// loop, queue, cache and framework) built from config/scheduler-config.yaml;
+// loop, queue, cache and framework) built from manifests/base/scheduler/scheduler-config.yaml;
 // only the API server is replaced, by client-go's fake clientset with the
 // binding subresource implemented, so a replay of ten thousand pods takes
 // seconds rather than an apiserver's write latency per pod. Replays are

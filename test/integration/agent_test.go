@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/health"
@@ -17,17 +17,14 @@ import (
 )
 
 // TestAgentPublishesInventoryAndHeartbeat runs the node agent's publishing
-// against the real API server with the simulated backend, and the scheduler
-// on what it published.
+// against the real API server with the simulated backend, as the node's
+// agent, and the scheduler on what it published.
 func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 	e := newEnv(t)
-	name := e.ns + "-agent"
-	if _, err := cluster.CreateGPUNode(e.tCtx, e.client, name, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	e.nodes = append(e.nodes, name)
-	clock := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	pub := &publish.Publisher{Client: e.client, NodeName: name, Namespace: e.ns, LeaseDuration: 40 * time.Second, Now: func() time.Time { return clock }}
+	name := e.plainNode("agent")
+	// The scheduler reads this Lease: the clock must be near the real one.
+	clock := time.Now().Truncate(time.Second)
+	pub := &publish.Publisher{Client: e.agentClient(name), NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second, Now: func() time.Time { return clock }}
 	backend := func(spec string) discovery.Backend {
 		b, err := discovery.NewSimulated(name, spec)
 		if err != nil {
@@ -60,7 +57,7 @@ func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 	if again.ResourceVersion != node.ResourceVersion {
 		t.Errorf("the node was written although its cards did not change (%s -> %s)", node.ResourceVersion, again.ResourceVersion)
 	}
-	lease, err := e.client.CoordinationV1().Leases(e.ns).Get(e.tCtx, pub.LeaseName(), metav1.GetOptions{})
+	lease, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, pub.LeaseName(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,15 +114,11 @@ func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 func TestSilentAgentNodeGetsNoPodsUntilItReports(t *testing.T) {
 	e := newEnv(t)
 	name := e.node("quiet", cluster.A100, 1, nil)
-	e.ensureNamespace("tessera-system")
 	past := time.Now().Add(-10 * time.Minute)
-	pub := &publish.Publisher{Client: e.client, NodeName: name, Namespace: "tessera-system", LeaseDuration: 40 * time.Second, Now: func() time.Time { return past }}
+	pub := &publish.Publisher{Client: e.agentClient(name), NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second, Now: func() time.Time { return past }}
 	if err := pub.Heartbeat(e.tCtx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = e.client.CoordinationV1().Leases("tessera-system").Delete(context.Background(), pub.LeaseName(), metav1.DeleteOptions{})
-	})
 	e.startScheduler()
 	e.create(e.podSpec("waiting", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1}))
 	if msg := e.waitUnschedulable("waiting"); !strings.Contains(msg, "GPU agent on node "+name+" not reporting for 10m") {

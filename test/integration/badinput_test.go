@@ -24,17 +24,10 @@ func TestBadInventoriesAreReportedAndSkipped(t *testing.T) {
 		"10k-cards": testutil.EmptyCards(10000),
 		"dup-index": `{"version":1,"cards":[{"index":0,"uuid":"a","model":"X","memoryMiB":81920,"cores":100,"healthy":true},{"index":0,"uuid":"b","model":"X","memoryMiB":81920,"cores":100,"healthy":true}]}`,
 	}
+	// A broken agent could write these; the admission policies let it, on
+	// its own node.
 	for suffix, raw := range bad {
-		name := e.ns + "-" + suffix
-		n, err := cluster.CreateGPUNode(e.tCtx, e.client, name, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.nodes = append(e.nodes, name)
-		n.Annotations = map[string]string{gpuinfo.InventoryAnnotation: raw}
-		if _, err := e.client.CoreV1().Nodes().Update(e.tCtx, n, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		e.publishInventory(e.plainNode(suffix), raw)
 	}
 	e.startScheduler()
 	var names []string
@@ -81,11 +74,7 @@ func TestCoexistsWithOtherPlugins(t *testing.T) {
 	if _, err := e.client.CoreV1().Nodes().Update(e.tCtx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	plain := e.ns + "-plain"
-	if _, err := cluster.CreateGPUNode(e.tCtx, e.client, plain, nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	e.nodes = append(e.nodes, plain)
+	plain := e.plainNode("plain")
 	e.startScheduler()
 
 	// Node affinity narrows the GPU nodes: only east qualifies (tainted is

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/manifests"
 )
 
 // burstSizes is the mix of a burst: fractional, whole and multi-card pods.
@@ -119,17 +121,19 @@ func TestLeaderFailoverMidBurst(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		e.node(fmt.Sprint("n", i), cluster.A100, 8, nil)
 	}
-	e.ensureNamespace("tessera-system")
-	lease := "tessera-scheduler-" + e.ns
+	// The shipped Lease, which only the scheduler's ServiceAccount may renew.
+	lease := "tessera-scheduler"
+	t.Cleanup(func() {
+		_ = e.client.CoordinationV1().Leases(manifests.Namespace).Delete(context.Background(), lease, metav1.DeleteOptions{})
+	})
 	args := []string{
 		"--config=" + e.config, "--secure-port=0", "--leader-elect=true",
-		"--leader-elect-resource-name=" + lease,
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
 	}
 	leader := e.startReplica(t, "replica-a", args...)
 	var holder string
 	e.waitFor(60*time.Second, "the first replica to lead", func() (bool, error) {
-		l, err := e.client.CoordinationV1().Leases("tessera-system").Get(e.tCtx, lease, metav1.GetOptions{})
+		l, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, lease, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
@@ -152,7 +156,7 @@ func TestLeaderFailoverMidBurst(t *testing.T) {
 	names = append(names, e.createBurst(100, 100, "tessera-binpack")...)
 	e.waitBound(90*time.Second, names...)
 	t.Logf("burst finished %v after the leader was killed", time.Since(killedAt).Round(time.Millisecond))
-	l, err := e.client.CoordinationV1().Leases("tessera-system").Get(e.tCtx, lease, metav1.GetOptions{})
+	l, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, lease, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,15 +24,13 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/schedulercmd"
+	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // replicaArgsEnv, when set, makes the test binary run as a scheduler replica
 // with these newline-separated arguments instead of running tests.
 const replicaArgsEnv = "TESSERA_TEST_SCHEDULER_ARGS"
-
-// shippedConfig is the scheduler configuration the project ships.
-const shippedConfig = "../../config/scheduler-config.yaml"
 
 var controlPlane *cluster.ControlPlane
 
@@ -56,7 +54,8 @@ func TestMain(m *testing.M) {
 }
 
 // env is one test's slice of the shared control plane: its own namespace and
-// nodes, removed when the test ends.
+// nodes, removed when the test ends. The scheduler runs as its
+// ServiceAccount (kubeconfig), with the installed configuration (config).
 type env struct {
 	tCtx       ktesting.TContext
 	client     kubernetes.Interface
@@ -76,24 +75,26 @@ func newEnv(t *testing.T) *env {
 	e.ns = ns.Name
 	dir := t.TempDir()
 	e.kubeconfig, e.config = filepath.Join(dir, "kubeconfig"), filepath.Join(dir, "scheduler-config.yaml")
-	if err := controlPlane.WriteKubeconfig(e.kubeconfig); err != nil {
+	if err := controlPlane.WriteSchedulerKubeconfig(e.kubeconfig); err != nil {
 		t.Fatal(err)
 	}
-	if err := cluster.WriteSchedulerConfig(shippedConfig, e.kubeconfig, e.config); err != nil {
+	if err := cluster.WriteSchedulerConfig(controlPlane.SchedulerConfig, e.kubeconfig, e.config); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.cleanup)
 	return e
 }
 
-// cleanup removes the test's pods (at once: no kubelet confirms deletions)
-// and nodes, so the next test starts from an empty fleet.
+// cleanup removes the test's pods (at once: no kubelet confirms deletions),
+// nodes and their agents' Leases (no garbage collector runs in-process), so
+// the next test starts from an empty fleet.
 func (e *env) cleanup() {
 	ctx := context.Background()
 	zero := int64(0)
 	_ = e.client.CoreV1().Pods(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 	for _, n := range e.nodes {
 		_ = e.client.CoreV1().Nodes().Delete(ctx, n, metav1.DeleteOptions{})
+		_ = e.client.CoordinationV1().Leases(manifests.Namespace).Delete(ctx, gpuinfo.AgentLeasePrefix+n, metav1.DeleteOptions{})
 	}
 }
 
@@ -110,15 +111,36 @@ func (e *env) startScheduler(flags ...string) *cluster.Scheduler {
 }
 
 // node creates a simulated GPU node named after the test's namespace; its
-// inventory and heartbeat are published by the node agent's code.
+// inventory and heartbeat are published by the node agent's code, as the
+// node's agent.
 func (e *env) node(suffix string, spec cluster.CardSpec, cards int, labels map[string]string) string {
 	e.tCtx.Helper()
 	name := e.ns + "-" + suffix
-	if _, err := cluster.AddSimulatedNode(e.tCtx, e.client, name, spec, cards, labels); err != nil {
+	if _, err := controlPlane.AddSimulatedNode(e.tCtx, name, spec, cards, labels); err != nil {
 		e.tCtx.Fatal(err)
 	}
 	e.nodes = append(e.nodes, name)
 	return name
+}
+
+// plainNode creates a node without a GPU inventory, named after the test's
+// namespace.
+func (e *env) plainNode(suffix string) string {
+	e.tCtx.Helper()
+	name := e.ns + "-" + suffix
+	if _, err := cluster.CreateNode(e.tCtx, e.client, name, nil); err != nil {
+		e.tCtx.Fatal(err)
+	}
+	e.nodes = append(e.nodes, name)
+	return name
+}
+
+// publishInventory writes raw as the node's inventory, as its agent.
+func (e *env) publishInventory(node, raw string) {
+	e.tCtx.Helper()
+	if err := controlPlane.PublishInventory(e.tCtx, node, raw); err != nil {
+		e.tCtx.Fatal(err)
+	}
 }
 
 // podSpec is a pod with one container asking for limits.
@@ -139,13 +161,14 @@ func (e *env) podSpec(name, scheduler string, limits map[string]int64) *v1.Pod {
 	return pod
 }
 
-// ensureNamespace creates a namespace shared by tests, if it is missing.
-func (e *env) ensureNamespace(name string) {
+// agentClient acts as the node agent of node.
+func (e *env) agentClient(node string) kubernetes.Interface {
 	e.tCtx.Helper()
-	_, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
+	c, err := controlPlane.AgentClient(node)
+	if err != nil {
 		e.tCtx.Fatal(err)
 	}
+	return c
 }
 
 func (e *env) create(pod *v1.Pod) *v1.Pod {

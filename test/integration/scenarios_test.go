@@ -126,18 +126,11 @@ func TestRequeueWhenCapacityAppears(t *testing.T) {
 	// An inventory that grows makes room too.
 	e.create(e.podSpec("second", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1}))
 	e.waitUnschedulable("second")
-	n, err := e.client.CoreV1().Nodes().Get(e.tCtx, node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	grown, err := cluster.SimulatedInventory(node, cluster.A100, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.Annotations[gpuinfo.InventoryAnnotation] = mustEncode(t, grown)
-	if _, err := e.client.CoreV1().Nodes().Update(e.tCtx, n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	e.publishInventory(node, mustEncode(t, grown))
 	start = time.Now()
 	e.waitBound(5*time.Second, "second")
 	t.Logf("bound %v after the inventory grew", time.Since(start).Round(time.Millisecond))

@@ -17,8 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/kubernetes/test/utils/ktesting"
@@ -131,16 +133,24 @@ func BenchmarkThroughput(b *testing.B) {
 	}
 }
 
+// throughputSides are Tessera's scheduler, as its ServiceAccount, and vanilla
+// kube-scheduler, as the user system:kube-scheduler that upstream's RBAC
+// binds: both sides' requests go through RBAC and impersonation alike.
 func throughputSides(tCtx ktesting.TContext, dir string) []side {
-	kubeconfig := filepath.Join(dir, "kubeconfig")
+	tesseraKubeconfig, vanillaKubeconfig := filepath.Join(dir, "tessera-kubeconfig"), filepath.Join(dir, "vanilla-kubeconfig")
 	tesseraConfig, vanillaConfigFile := filepath.Join(dir, "tessera.yaml"), filepath.Join(dir, "vanilla.yaml")
-	if err := controlPlane.WriteKubeconfig(kubeconfig); err != nil {
+	if err := controlPlane.WriteSchedulerKubeconfig(tesseraKubeconfig); err != nil {
 		tCtx.Fatal(err)
 	}
-	if err := cluster.WriteSchedulerConfig(shippedConfig, kubeconfig, tesseraConfig); err != nil {
+	vanillaUser := rest.CopyConfig(controlPlane.Config)
+	vanillaUser.Impersonate.UserName = user.KubeScheduler
+	if err := cluster.WriteKubeconfig(vanillaUser, vanillaKubeconfig); err != nil {
 		tCtx.Fatal(err)
 	}
-	if err := os.WriteFile(vanillaConfigFile, fmt.Appendf(nil, vanillaConfig, kubeconfig), 0o600); err != nil {
+	if err := cluster.WriteSchedulerConfig(controlPlane.SchedulerConfig, tesseraKubeconfig, tesseraConfig); err != nil {
+		tCtx.Fatal(err)
+	}
+	if err := os.WriteFile(vanillaConfigFile, fmt.Appendf(nil, vanillaConfig, vanillaKubeconfig), 0o600); err != nil {
 		tCtx.Fatal(err)
 	}
 	names := gpuinfo.DefaultResourceNames()
@@ -178,19 +188,18 @@ func throughputPod(name, scheduler string, limits v1.ResourceList) *v1.Pod {
 	}
 }
 
-// createThroughputNodes creates n nodes of 8 A100s, each with Tessera's
-// inventory and the vanilla extended resource.
+// createThroughputNodes creates n nodes of 8 A100s, each with the vanilla
+// extended resource and Tessera's inventory, published as its agent.
 func createThroughputNodes(tCtx ktesting.TContext, n int) []string {
 	names := make([]string, n)
 	err := parallel(n, func(i int) error {
 		names[i] = fmt.Sprintf("tp-%05d", i)
-		node, err := cluster.NewGPUNode(names[i], testutil.Inventory(names[i], "NVIDIA A100-SXM4-80GB", 81920, 8), nil)
-		if err != nil {
+		node := cluster.NewNode(names[i], nil)
+		node.Status.Allocatable[vanillaGPU] = resource.MustParse("8")
+		if _, err := controlPlane.Client.CoreV1().Nodes().Create(tCtx, node, metav1.CreateOptions{}); err != nil {
 			return err
 		}
-		node.Status.Allocatable[vanillaGPU] = resource.MustParse("8")
-		_, err = controlPlane.Client.CoreV1().Nodes().Create(tCtx, node, metav1.CreateOptions{})
-		return err
+		return controlPlane.PublishInventory(tCtx, names[i], testutil.MustEncode(testutil.Inventory(names[i], "NVIDIA A100-SXM4-80GB", 81920, 8)))
 	})
 	if err != nil {
 		tCtx.Fatal(err)

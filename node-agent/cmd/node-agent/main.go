@@ -14,10 +14,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -25,10 +21,12 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/discovery/nvidia"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
+	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -42,7 +40,8 @@ func main() {
 	heartbeat := flag.Duration("heartbeat-interval", 10*time.Second, "how often to renew the heartbeat Lease")
 	leaseDuration := flag.Duration("lease-duration", 40*time.Second, "lease duration written into the Lease")
 	pluginDir := flag.String("device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory; empty disables the device plugin")
-	resourceName := flag.String("resource-name", "tessera.io/gpu", "resource the device plugin advertises")
+	resourceName := flag.String("resource-name", "", "resource the device plugin advertises (default: the GPU resource of --scheduler-config, tessera.io/gpu)")
+	schedulerConfig := flag.String("scheduler-config", "", "the scheduler's KubeSchedulerConfiguration file: pods are read with the resource names its GPUShare args give (default: Tessera's names)")
 	split := flag.Int("split-count", 10, "devices advertised per card (how many containers may share one)")
 	nriSocket := flag.String("nri-socket", "/var/run/nri/nri.sock", "the container runtime's NRI socket; empty disables enforcement")
 	paths := enforce.DefaultPaths()
@@ -54,13 +53,21 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	names, err := resourceNames(*schedulerConfig)
+	if err != nil {
+		klog.ErrorS(err, "Reading the resource names")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	if *resourceName == "" {
+		*resourceName = string(names.GPU)
+	}
 	var plugin *deviceplugin.Plugin
 	if *pluginDir != "" {
 		plugin = &deviceplugin.Plugin{Dir: *pluginDir, ResourceName: *resourceName, Split: *split, CheckInterval: time.Second}
 	}
 	var enforcer *nri.Plugin
 	if *nriSocket != "" {
-		enforcer = &nri.Plugin{Node: *nodeName, Names: gpuinfo.DefaultResourceNames(), Paths: paths, PodWait: 5 * time.Second}
+		enforcer = &nri.Plugin{Node: *nodeName, Names: names, Paths: paths, PodWait: 5 * time.Second}
 	}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin, enforcer, *nriSocket); err != nil {
 		klog.ErrorS(err, "Node agent failed")
@@ -84,7 +91,7 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 	if simulated != "" {
 		backend, err = discovery.NewSimulated(nodeName, simulated)
 	} else {
-		backend, err = discovery.NewNVML(nvml.New())
+		backend, err = nvidia.New(nvml.New())
 	}
 	if err != nil {
 		return err
@@ -118,13 +125,11 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			return fmt.Errorf("writing %s: %w", enforcer.Paths.HostPreload, err)
 		}
 		// The pods bound to this node, as the API server has them.
-		factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
-		}))
-		lister := factory.Core().V1().Pods().Lister()
-		factory.Start(ctx.Done())
-		factory.WaitForCacheSync(ctx.Done())
-		enforcer.Pods = func(namespace, name string) (*v1.Pod, error) { return lister.Pods(namespace).Get(name) }
+		pods, err := nri.WatchPodsOnNode(ctx, client, nodeName)
+		if err != nil {
+			return err
+		}
+		enforcer.Pods = pods
 		go func() {
 			if err := enforcer.Run(ctx, nriSocket); err != nil && ctx.Err() == nil {
 				klog.ErrorS(err, "NRI plugin stopped: containers are created without GPU enforcement until the agent restarts")
@@ -133,6 +138,23 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 	}
 	a.Run(ctx)
 	return nil
+}
+
+// resourceNames are the names pods ask for GPUs with: those of the
+// scheduler's configuration file, or Tessera's without one.
+func resourceNames(schedulerConfig string) (gpuinfo.ResourceNames, error) {
+	if schedulerConfig == "" {
+		return gpuinfo.DefaultResourceNames(), nil
+	}
+	raw, err := os.ReadFile(schedulerConfig)
+	if err != nil {
+		return gpuinfo.ResourceNames{}, err
+	}
+	names, err := configv1.ResourceNamesIn(raw)
+	if err != nil {
+		return gpuinfo.ResourceNames{}, fmt.Errorf("%s: %w", schedulerConfig, err)
+	}
+	return names, nil
 }
 
 func envOr(key, def string) string {

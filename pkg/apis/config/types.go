@@ -3,7 +3,10 @@
 package config
 
 import (
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // Policy names a placement policy.
@@ -42,4 +45,14 @@ type ResourceNames struct {
 	Memory        string
 	MemoryPercent string
 	Cores         string
+}
+
+// Contract returns the names as the contract package types them.
+func (n ResourceNames) Contract() gpuinfo.ResourceNames {
+	return gpuinfo.ResourceNames{
+		GPU:           v1.ResourceName(n.GPU),
+		Memory:        v1.ResourceName(n.Memory),
+		MemoryPercent: v1.ResourceName(n.MemoryPercent),
+		Cores:         v1.ResourceName(n.Cores),
+	}
 }

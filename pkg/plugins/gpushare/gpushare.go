@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"time"
 
-	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
@@ -76,12 +75,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		nodePolicy:   policies[args.NodePolicy],
 		gpuPolicy:    policies[args.GPUPolicy],
 		agentTimeout: args.AgentHeartbeatTimeout.Duration,
-		names: gpuinfo.ResourceNames{
-			GPU:           v1.ResourceName(args.ResourceNames.GPU),
-			Memory:        v1.ResourceName(args.ResourceNames.Memory),
-			MemoryPercent: v1.ResourceName(args.ResourceNames.MemoryPercent),
-			Cores:         v1.ResourceName(args.ResourceNames.Cores),
-		},
+		names:        args.ResourceNames.Contract(),
 	}
 	p.feed, err = feedFor(ctx, h, args.AgentNamespace)
 	if err != nil {

@@ -1,4 +1,8 @@
-package discovery
+// Package nvidia is the node agent's discovery backend on real nodes: the
+// cards, their health and their XID errors through NVML (go-nvml). It is the
+// only package that links NVML, so that tools using the simulated backend
+// (the demo, the integration suite) do not.
+package nvidia
 
 import (
 	"context"
@@ -10,9 +14,11 @@ import (
 	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 )
 
-// ErrNoDriver is returned by NewNVML on a node without the NVIDIA driver.
+// ErrNoDriver is returned by New on a node without the NVIDIA driver.
 var ErrNoDriver = errors.New("NVML library not found: is the NVIDIA driver installed on this node?")
 
 // NVML is the backend of real nodes.
@@ -22,9 +28,9 @@ type NVML struct {
 	sysfsPCI string
 }
 
-// NewNVML initializes NVML through lib (nvml.New() in production, a mock in
+// New initializes NVML through lib (nvml.New() in production, a mock in
 // tests).
-func NewNVML(lib nvml.Interface) (*NVML, error) {
+func New(lib nvml.Interface) (*NVML, error) {
 	switch ret := lib.Init(); ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
@@ -52,18 +58,18 @@ func (n *NVML) Close() error {
 
 // Cards lists the cards NVML reports. A card NVML cannot describe is
 // reported unhealthy rather than hidden, so the scheduler keeps off it.
-func (n *NVML) Cards() ([]Card, error) {
+func (n *NVML) Cards() ([]discovery.Card, error) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("counting GPUs: %s", n.lib.ErrorString(ret))
 	}
-	cards := make([]Card, 0, count)
+	cards := make([]discovery.Card, 0, count)
 	for i := 0; i < count; i++ {
 		dev, ret := n.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("GPU %d: %s", i, n.lib.ErrorString(ret))
 		}
-		c := Card{Index: i, NUMANode: -1, Healthy: true}
+		c := discovery.Card{Index: i, NUMANode: -1, Healthy: true}
 		uuid, ret := dev.GetUUID()
 		if ret != nvml.SUCCESS {
 			return nil, fmt.Errorf("GPU %d: reading UUID: %s", i, n.lib.ErrorString(ret))

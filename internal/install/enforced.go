@@ -1,0 +1,96 @@
+package install
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/tessera-gpu/tessera/manifests"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// The admission policies the manifests ship.
+const (
+	PolicyGPUAssignment         = "tessera-gpu-assignment"
+	PolicyGPUPodsBoundByTessera = "tessera-gpu-pods-bound-by-tessera"
+	PolicyGPUInventory          = "tessera-gpu-inventory"
+	PolicyAgentLeases           = "tessera-agent-leases"
+)
+
+// DeniedBy reports whether err is the API server's refusal by the named
+// admission policy.
+func DeniedBy(err error, policy string) bool {
+	return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policy+"'")
+}
+
+// WaitEnforced waits until every admission policy refuses what it exists to
+// refuse: the API server loads new policies asynchronously. Each probe is a
+// server-side dry run (nothing is stored): an administrator forging an
+// assignment, creating a GPU pod bound to a node, or hand-writing an
+// inventory, and an agent writing another node's Lease. names are the
+// resource names the policies were rendered with.
+func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceNames, timeout time.Duration) error {
+	admin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	agent, err := kubernetes.NewForConfig(AsAgent(cfg, "probe-node"))
+	if err != nil {
+		return err
+	}
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	pod := func(name string) *v1.Pod {
+		return &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: manifests.Namespace},
+			Spec:       v1.PodSpec{Containers: []v1.Container{{Name: "probe", Image: "probe"}}},
+		}
+	}
+	forged := pod("tessera-probe-forged")
+	forged.Annotations = map[string]string{gpuinfo.AssignmentAnnotation: `{"version":1}`}
+	bound := pod("tessera-probe-bound")
+	bound.Spec.NodeName = "probe-node"
+	bound.Spec.Containers[0].Resources.Limits = v1.ResourceList{names.GPU: resource.MustParse("1")}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "tessera-probe-node", Annotations: map[string]string{gpuinfo.InventoryAnnotation: `{"version":1}`}}}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + "another-node", Namespace: manifests.Namespace}}
+	probes := []struct {
+		policy string
+		try    func(context.Context) error
+	}{
+		{PolicyGPUAssignment, func(ctx context.Context) error {
+			_, err := admin.CoreV1().Pods(forged.Namespace).Create(ctx, forged, dryRun)
+			return err
+		}},
+		{PolicyGPUPodsBoundByTessera, func(ctx context.Context) error {
+			_, err := admin.CoreV1().Pods(bound.Namespace).Create(ctx, bound, dryRun)
+			return err
+		}},
+		{PolicyGPUInventory, func(ctx context.Context) error {
+			_, err := admin.CoreV1().Nodes().Create(ctx, node, dryRun)
+			return err
+		}},
+		{PolicyAgentLeases, func(ctx context.Context) error {
+			_, err := agent.CoordinationV1().Leases(lease.Namespace).Create(ctx, lease, dryRun)
+			return err
+		}},
+	}
+	for _, p := range probes {
+		var last error
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+			last = p.try(ctx)
+			return DeniedBy(last, p.policy), nil
+		})
+		if err != nil {
+			return fmt.Errorf("admission policy %s is not in force after %v (last answer: %v)", p.policy, timeout, last)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,229 @@
+package install
+
+import (
+	"regexp"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/manifests"
+	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+func render(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	objs, err := Render(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	o, err := Find(objs, kind, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// TestBaseRenders checks what kustomize makes of the base: the objects the
+// code and the docs name, the scheduler configuration carried verbatim, and
+// the generated ConfigMap's hashed name wherever it is mounted.
+func TestBaseRenders(t *testing.T) {
+	objs := render(t, Base)
+	var got []string
+	for _, o := range objs {
+		got = append(got, o.GetKind()+" "+o.GetNamespace()+"/"+o.GetName())
+	}
+	cm := find(t, objs, "ConfigMap", manifests.SchedulerConfigMap)
+	want := []string{
+		"Namespace /tessera-system",
+		"ServiceAccount tessera-system/tessera-scheduler",
+		"ServiceAccount tessera-system/tessera-node-agent",
+		"Role tessera-system/tessera-scheduler",
+		"Role tessera-system/tessera-node-agent",
+		"ClusterRole /tessera-scheduler",
+		"ClusterRole /tessera-node-agent",
+		"ClusterRole /tessera-metrics-reader",
+		"RoleBinding kube-system/tessera-scheduler-authentication-reader",
+		"RoleBinding tessera-system/tessera-scheduler",
+		"RoleBinding tessera-system/tessera-node-agent",
+		"ClusterRoleBinding /tessera-scheduler",
+		"ClusterRoleBinding /tessera-node-agent",
+		"ConfigMap tessera-system/" + cm.GetName(),
+		"Service tessera-system/tessera-scheduler-metrics",
+		"Deployment tessera-system/tessera-scheduler",
+		"DaemonSet tessera-system/tessera-node-agent",
+		"PodDisruptionBudget tessera-system/tessera-scheduler",
+	}
+	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases} {
+		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rendered objects (-want,+got):\n%s", diff)
+	}
+
+	config, err := SchedulerConfig(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(string(manifests.SchedulerConfig), string(config)); diff != "" {
+		t.Errorf("the ConfigMap does not carry scheduler/scheduler-config.yaml as it is (-want,+got):\n%s", diff)
+	}
+	for _, kind := range []string{"Deployment", "DaemonSet"} {
+		name := map[string]string{"Deployment": "tessera-scheduler", "DaemonSet": "tessera-node-agent"}[kind]
+		spec := podSpec(t, find(t, objs, kind, name))
+		mounted := false
+		for _, v := range spec.Volumes {
+			mounted = mounted || (v.ConfigMap != nil && v.ConfigMap.Name == cm.GetName())
+		}
+		if !mounted {
+			t.Errorf("%s %s does not mount the generated ConfigMap %s", kind, name, cm.GetName())
+		}
+		if img := spec.Containers[0].Image; !regexp.MustCompile(`^ghcr\.io/tessera-gpu/tessera-[a-z-]+:v\d`).MatchString(img) {
+			t.Errorf("%s %s runs image %q, not a released one", kind, name, img)
+		}
+	}
+}
+
+func podSpec(t *testing.T, o *unstructured.Unstructured) v1.PodSpec {
+	t.Helper()
+	raw, found, err := unstructured.NestedMap(o.Object, "spec", "template", "spec")
+	if err != nil || !found {
+		t.Fatalf("%s %s: no pod template: %v", o.GetKind(), o.GetName(), err)
+	}
+	var spec v1.PodSpec
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// policyResourceNames are the resource names the rendered
+// tessera-gpu-pods-bound-by-tessera policy looks for.
+func policyResourceNames(t *testing.T, objs []*unstructured.Unstructured) []string {
+	t.Helper()
+	vars, _, err := unstructured.NestedSlice(find(t, objs, "ValidatingAdmissionPolicy", PolicyGPUPodsBoundByTessera).Object, "spec", "variables")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vars {
+		if m := v.(map[string]any); m["name"] == "resourceNames" {
+			var names []string
+			for _, q := range regexp.MustCompile(`'([^']*)'`).FindAllStringSubmatch(m["expression"].(string), -1) {
+				names = append(names, q[1])
+			}
+			return names
+		}
+	}
+	t.Fatal("the policy has no resourceNames variable")
+	return nil
+}
+
+func list(n gpuinfo.ResourceNames) []string {
+	return []string{string(n.GPU), string(n.Memory), string(n.MemoryPercent), string(n.Cores)}
+}
+
+// TestResourceNamesAgree: the scheduler's configuration, the node agent
+// (which reads that configuration) and the admission policy use one set of
+// names, in the base and in the hami-names overlay.
+func TestResourceNamesAgree(t *testing.T) {
+	for _, tc := range []struct {
+		dir  string
+		want gpuinfo.ResourceNames
+	}{
+		{Base, gpuinfo.DefaultResourceNames()},
+		{"overlays/hami-names", gpuinfo.HAMiResourceNames()},
+	} {
+		t.Run(tc.dir, func(t *testing.T) {
+			objs := render(t, tc.dir)
+			config, err := SchedulerConfig(objs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			names, err := configv1.ResourceNamesIn(config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, names); diff != "" {
+				t.Errorf("scheduler configuration's names (-want,+got):\n%s", diff)
+			}
+			if diff := cmp.Diff(list(tc.want), policyResourceNames(t, objs)); diff != "" {
+				t.Errorf("admission policy's names (-want,+got):\n%s", diff)
+			}
+			// NodeResourcesFit leaves the names to GPUShare.
+			for _, profile := range profiles(t, config) {
+				var got []string
+				for _, pc := range profile["pluginConfig"].([]any) {
+					if pc := pc.(map[string]any); pc["name"] == "NodeResourcesFit" {
+						for _, r := range pc["args"].(map[string]any)["ignoredResources"].([]any) {
+							got = append(got, r.(string))
+						}
+					}
+				}
+				if diff := cmp.Diff(list(tc.want), got); diff != "" {
+					t.Errorf("profile %s: NodeResourcesFit's ignoredResources (-want,+got):\n%s", profile["schedulerName"], diff)
+				}
+			}
+		})
+	}
+}
+
+func profiles(t *testing.T, config []byte) []map[string]any {
+	t.Helper()
+	var cfg struct {
+		Profiles []map[string]any `json:"profiles"`
+	}
+	if err := yaml.Unmarshal(config, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Profiles
+}
+
+// TestHAMiOverlayIsTheBaseRenamed: the overlay's copy of the scheduler
+// configuration must not drift from the base's: removing its names leaves
+// the base's configuration.
+func TestHAMiOverlayIsTheBaseRenamed(t *testing.T) {
+	base, err := SchedulerConfig(render(t, Base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	overlay, err := SchedulerConfig(render(t, "overlays/hami-names"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hami, def := list(gpuinfo.HAMiResourceNames()), list(gpuinfo.DefaultResourceNames())
+	var want, got map[string]any
+	if err := yaml.Unmarshal(base, &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(overlay, &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, profile := range got["profiles"].([]any) {
+		for _, pc := range profile.(map[string]any)["pluginConfig"].([]any) {
+			args := pc.(map[string]any)["args"].(map[string]any)
+			delete(args, "resourceNames")
+			if ignored, ok := args["ignoredResources"].([]any); ok {
+				for i, r := range ignored {
+					if j := slices.Index(hami, r.(string)); j >= 0 {
+						ignored[i] = def[j]
+					}
+				}
+			}
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("overlays/hami-names/scheduler-config.yaml, names aside, differs from the base's (-base,+overlay):\n%s", diff)
+	}
+}

@@ -1,0 +1,34 @@
+// Package manifests embeds Tessera's install manifests — the kustomize base,
+// its overlays and the example pods — so that the test suite, the demo and
+// the trace simulator run exactly what an operator applies with
+// `kubectl apply -k manifests`.
+package manifests
+
+import "embed"
+
+// FS holds the kustomize base (kustomization.yaml and the directories it
+// names), the overlays and the examples, at their paths in this directory.
+//
+//go:embed kustomization.yaml base overlays examples
+var FS embed.FS
+
+// SchedulerConfig is the KubeSchedulerConfiguration the base ships, the
+// content of its generated ConfigMap.
+//
+//go:embed base/scheduler/scheduler-config.yaml
+var SchedulerConfig []byte
+
+// Names of the objects the base creates that code and tests refer to.
+const (
+	// Namespace holds both components, their Leases and the agents' Leases.
+	Namespace = "tessera-system"
+	// SchedulerServiceAccount is the scheduler's identity.
+	SchedulerServiceAccount = "tessera-scheduler"
+	// AgentServiceAccount is the node agents' identity.
+	AgentServiceAccount = "tessera-node-agent"
+	// SchedulerConfigMap is the generated ConfigMap's name before kustomize
+	// appends its content hash.
+	SchedulerConfigMap = "tessera-scheduler-config"
+	// SchedulerConfigKey is the ConfigMap's key holding the configuration.
+	SchedulerConfigKey = "scheduler-config.yaml"
+)

@@ -1,0 +1,297 @@
+package integration
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/manifests"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// Expected outcomes of a request besides a policy's name.
+const (
+	allowed      = ""
+	deniedByRBAC = "RBAC"
+)
+
+// clientAs is a clientset acting as the given user and groups.
+func clientAs(t *testing.T, user string, groups ...string) kubernetes.Interface {
+	t.Helper()
+	cfg := rest.CopyConfig(controlPlane.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// mergePatch is a JSON merge patch setting the given metadata field.
+func mergePatch(t *testing.T, field string, value any) []byte {
+	t.Helper()
+	raw, err := json.Marshal(map[string]any{"metadata": map[string]any{field: value}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// TestAdmissionPolicies sends every change the shipped admission policies
+// forbid, and their legitimate neighbours, to the API server as the users who
+// would make them: each forbidden change is refused with a message naming
+// its policy (or by RBAC, where the shipped roles already forbid it), and each
+// legitimate one passes. Requests are dry runs unless the next case needs
+// their result.
+func TestAdmissionPolicies(t *testing.T) {
+	e := newEnv(t)
+	nodeA := e.node("a", cluster.L4, 2, nil)
+	nodeB := e.node("b", cluster.L4, 2, nil)
+	e.startScheduler()
+	e.create(e.podSpec("bound", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 1024}))
+	bound := e.waitBound(30*time.Second, "bound")["bound"]
+	assigned := bound.Annotations[gpuinfo.AssignmentAnnotation]
+
+	admin := e.client
+	// alice may create and edit pods in the test's namespace, as a team's
+	// members do. (The aggregated roles admin and edit are empty here: no
+	// controller manager fills them.)
+	if _, err := admin.RbacV1().Roles(e.ns).Create(e.tCtx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "pod-editor"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().RoleBindings(e.ns).Create(e.tCtx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "alice-pod-editor"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pod-editor"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(30*time.Second, "alice's role binding to take effect", func() (bool, error) {
+		review, err := admin.AuthorizationV1().SubjectAccessReviews().Create(e.tCtx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               "alice",
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: e.ns, Verb: "patch", Resource: "pods"},
+		}}, metav1.CreateOptions{})
+		return err == nil && review.Status.Allowed, err
+	})
+	alice := clientAs(t, "alice")
+	kubelet := clientAs(t, "system:node:"+bound.Spec.NodeName, "system:nodes")
+	agentA := e.agentClient(nodeA)
+	unboundAgent := clientAs(t, install.AgentUser, "system:serviceaccounts", "system:serviceaccounts:"+manifests.Namespace)
+	scheduler, err := kubernetes.NewForConfig(install.AsScheduler(controlPlane.Config))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	dryPatch := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
+	gpuPod := func(name string) *v1.Pod {
+		p := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu": 1})
+		p.Spec.NodeName = nodeA
+		return p
+	}
+	forged := e.podSpec("forged", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1})
+	forged.Annotations = map[string]string{gpuinfo.AssignmentAnnotation: assigned}
+	initGPU := e.podSpec("init-gpu", "tessera-binpack", nil)
+	initGPU.Spec.NodeName = nodeA
+	initGPU.Spec.InitContainers = []v1.Container{{Name: "init", Image: "registry.k8s.io/pause:3.10", Resources: v1.ResourceRequirements{
+		Limits: v1.ResourceList{"tessera.io/gpu-memory": resource.MustParse("1024")},
+	}}}
+	plain := e.podSpec("plain", "tessera-binpack", nil)
+	plain.Spec.NodeName = nodeA
+	nodeObj, err := admin.CoreV1().Nodes().Get(e.tCtx, bound.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mirror := gpuPod("static-gpu")
+	mirror.Spec.NodeName = nodeObj.Name
+	mirror.Annotations = map[string]string{"kubernetes.io/config.mirror": "hash"}
+	mirror.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: nodeObj.Name, UID: nodeObj.UID, Controller: ptr.To(true)}}
+	unbound := e.create(e.podSpec("unbound", "nobody", map[string]int64{"tessera.io/gpu": 1}))
+	fresh := func() *v1.Pod {
+		p, err := admin.CoreV1().Pods(e.ns).Get(e.tCtx, "bound", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	invA, err := cluster.SimulatedInventory(nodeA, cluster.L4, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grown := mustEncode(t, invA)
+	leaseOf := func(node string) *coordinationv1.Lease {
+		l, err := admin.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, gpuinfo.AgentLeasePrefix+node, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+
+	for _, tc := range []struct {
+		name, want string
+		do         func() error
+	}{
+		// The assignment.
+		{"a namespace user creates a pod with an assignment", install.PolicyGPUAssignment, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, forged, dry)
+			return err
+		}},
+		{"a cluster admin creates a pod with an assignment", install.PolicyGPUAssignment, func() error {
+			_, err := admin.CoreV1().Pods(e.ns).Create(e.tCtx, forged, dry)
+			return err
+		}},
+		{"a namespace user changes a bound pod's assignment", install.PolicyGPUAssignment, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.AssignmentAnnotation: `{"version":1}`}), dryPatch)
+			return err
+		}},
+		{"a cluster admin removes a bound pod's assignment", install.PolicyGPUAssignment, func() error {
+			_, err := admin.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.AssignmentAnnotation: nil}), dryPatch)
+			return err
+		}},
+		{"a namespace user labels a bound pod", allowed, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "labels", map[string]any{"team": "vision"}), dryPatch)
+			return err
+		}},
+		{"the node's kubelet updates a bound pod's status", allowed, func() error {
+			p := fresh()
+			p.Status.Phase = v1.PodRunning
+			_, err := kubelet.CoreV1().Pods(e.ns).UpdateStatus(e.tCtx, p, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
+		{"the node's kubelet changes the assignment through the status", install.PolicyGPUAssignment, func() error {
+			p := fresh()
+			p.Annotations[gpuinfo.AssignmentAnnotation] = `{"version":1,"containers":{}}`
+			_, err := kubelet.CoreV1().Pods(e.ns).UpdateStatus(e.tCtx, p, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
+		{"a cluster admin binds a pod with an assignment", install.PolicyGPUAssignment, func() error {
+			return admin.CoreV1().Pods(e.ns).Bind(e.tCtx, &v1.Binding{
+				ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Annotations: map[string]string{gpuinfo.AssignmentAnnotation: assigned}},
+				Target:     v1.ObjectReference{Kind: "Node", Name: nodeA},
+			}, metav1.CreateOptions{})
+		}},
+		// Bypassing the scheduler.
+		{"a cluster admin creates a GPU pod bound to a node", install.PolicyGPUPodsBoundByTessera, func() error {
+			_, err := admin.CoreV1().Pods(e.ns).Create(e.tCtx, gpuPod("bypass"), dry)
+			return err
+		}},
+		{"a namespace user creates a pod bound to a node whose init container asks for GPU memory", install.PolicyGPUPodsBoundByTessera, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, initGPU, dry)
+			return err
+		}},
+		{"a namespace user creates a pod without GPUs bound to a node", allowed, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, plain, dry)
+			return err
+		}},
+		{"a kubelet creates the mirror pod of a static GPU pod", allowed, func() error {
+			_, err := kubelet.CoreV1().Pods(e.ns).Create(e.tCtx, mirror, dry)
+			return err
+		}},
+		// The inventory.
+		{"a cluster admin edits a node's inventory", install.PolicyGPUInventory, func() error {
+			_, err := admin.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.InventoryAnnotation: grown}), dryPatch)
+			return err
+		}},
+		{"a cluster admin removes a node's inventory", install.PolicyGPUInventory, func() error {
+			_, err := admin.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.InventoryAnnotation: nil}), dryPatch)
+			return err
+		}},
+		{"a cluster admin creates a node with an inventory", install.PolicyGPUInventory, func() error {
+			n := cluster.NewNode(e.ns+"-new", nil)
+			n.Annotations = map[string]string{gpuinfo.InventoryAnnotation: grown}
+			_, err := admin.CoreV1().Nodes().Create(e.tCtx, n, dry)
+			return err
+		}},
+		{"a cluster admin labels a GPU node", allowed, func() error {
+			_, err := admin.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, mergePatch(t, "labels", map[string]any{"pool": "inference"}), dryPatch)
+			return err
+		}},
+		{"an agent publishes its node's inventory", allowed, func() error {
+			_, err := agentA.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.InventoryAnnotation: grown}), dryPatch)
+			return err
+		}},
+		{"an agent writes another node's inventory", install.PolicyGPUInventory, func() error {
+			_, err := agentA.CoreV1().Nodes().Patch(e.tCtx, nodeB, types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.InventoryAnnotation: grown}), dryPatch)
+			return err
+		}},
+		{"an agent labels its own node", install.PolicyGPUInventory, func() error {
+			_, err := agentA.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, mergePatch(t, "labels", map[string]any{"pool": "mine"}), dryPatch)
+			return err
+		}},
+		{"an agent cordons its own node", install.PolicyGPUInventory, func() error {
+			_, err := agentA.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), dryPatch)
+			return err
+		}},
+		{"the agent's account without a node-bound token writes an inventory", install.PolicyGPUInventory, func() error {
+			_, err := unboundAgent.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.InventoryAnnotation: grown}), dryPatch)
+			return err
+		}},
+		{"the scheduler writes an inventory", deniedByRBAC, func() error {
+			_, err := scheduler.CoreV1().Nodes().Patch(e.tCtx, nodeA, types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.InventoryAnnotation: grown}), dryPatch)
+			return err
+		}},
+		// Leases.
+		{"an agent renews its node's Lease", allowed, func() error {
+			_, err := agentA.CoordinationV1().Leases(manifests.Namespace).Update(e.tCtx, leaseOf(nodeA), metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
+		{"an agent renews another node's Lease", install.PolicyAgentLeases, func() error {
+			_, err := agentA.CoordinationV1().Leases(manifests.Namespace).Update(e.tCtx, leaseOf(nodeB), metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
+		{"an agent creates the scheduler's leader Lease", install.PolicyAgentLeases, func() error {
+			_, err := agentA.CoordinationV1().Leases(manifests.Namespace).Create(e.tCtx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "tessera-scheduler"}}, dry)
+			return err
+		}},
+		{"an agent writes a Lease outside its namespace", deniedByRBAC, func() error {
+			_, err := agentA.CoordinationV1().Leases(e.ns).Create(e.tCtx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + nodeA}}, dry)
+			return err
+		}},
+		// What the agent's role does not grant.
+		{"an agent binds a pod", deniedByRBAC, func() error {
+			return agentA.CoreV1().Pods(e.ns).Bind(e.tCtx, &v1.Binding{ObjectMeta: metav1.ObjectMeta{Name: unbound.Name}, Target: v1.ObjectReference{Kind: "Node", Name: nodeA}}, metav1.CreateOptions{})
+		}},
+		{"an agent deletes a pod", deniedByRBAC, func() error {
+			return agentA.CoreV1().Pods(e.ns).Delete(e.tCtx, "bound", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.do()
+			switch tc.want {
+			case allowed:
+				if err != nil {
+					t.Errorf("refused: %v", err)
+				}
+			case deniedByRBAC:
+				if !apierrors.IsForbidden(err) || strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+					t.Errorf("got %v, want RBAC's refusal", err)
+				}
+			default:
+				if !install.DeniedBy(err, tc.want) {
+					t.Errorf("got %v, want a refusal by %s", err, tc.want)
+				}
+			}
+		})
+	}
+	if p, err := admin.CoreV1().Pods(e.ns).Get(e.tCtx, unbound.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Errorf("a refused binding bound the pod anyway: %v", err)
+	}
+}
