@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -293,5 +297,58 @@ func TestAdmissionPolicies(t *testing.T) {
 	}
 	if p, err := admin.CoreV1().Pods(e.ns).Get(e.tCtx, unbound.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
 		t.Errorf("a refused binding bound the pod anyway: %v", err)
+	}
+}
+
+// TestWorkloadsMeetPodSecurity creates, as dry runs, the pods the shipped
+// Deployment and DaemonSet would create, in namespaces that enforce Pod
+// Security levels: the scheduler's pod meets restricted, and the only thing
+// keeping the agent's from baseline is its host paths.
+func TestWorkloadsMeetPodSecurity(t *testing.T) {
+	e := newEnv(t)
+	objs, err := install.Render(install.Base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		kind, name, level string
+		// wantViolations is what the level's refusal must list, "" for none.
+		wantViolations string
+	}{
+		{"Deployment", "tessera-scheduler", "restricted", ""},
+		{"DaemonSet", "tessera-node-agent", "baseline", `hostPath volumes (volumes "device-plugins", "nri", "vgpu", "vgpu-cache", "vgpu-lock")`},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			ns, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
+				GenerateName: "psa-" + tc.level + "-",
+				Labels:       map[string]string{"pod-security.kubernetes.io/enforce": tc.level},
+			}}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = e.client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+			})
+			workload, err := install.Find(objs, tc.kind, tc.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			template, _, err := unstructured.NestedMap(workload.Object, "spec", "template")
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod := &v1.Pod{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(template, pod); err != nil {
+				t.Fatal(err)
+			}
+			pod.Name = tc.name
+			_, err = e.client.CoreV1().Pods(ns.Name).Create(e.tCtx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			switch {
+			case tc.wantViolations == "" && err != nil:
+				t.Errorf("refused at %s: %v", tc.level, err)
+			case tc.wantViolations != "" && (err == nil || !strings.HasSuffix(err.Error(), fmt.Sprintf(`violates PodSecurity "%s:latest": %s`, tc.level, tc.wantViolations))):
+				t.Errorf("at %s: got %v, want only %s", tc.level, err, tc.wantViolations)
+			}
+		})
 	}
 }
