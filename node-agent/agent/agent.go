@@ -22,10 +22,26 @@ type Agent struct {
 	Health *health.Tracker
 	// Devices, when set, is told the cards after every scan (the device
 	// plugin advertising them to kubelet).
-	Devices           interface{ Update([]discovery.Card) }
+	Devices interface{ Update([]discovery.Card) }
+	// Enforcement, when set, is the NRI plugin: its readiness goes on the
+	// heartbeat Lease at once when it changes, and a lasting loss is told
+	// on the Node as an Event.
+	Enforcement       Enforcement
 	Publisher         *publish.Publisher
 	RescanInterval    time.Duration
 	HeartbeatInterval time.Duration
+
+	// warned records that the Node carries an unrecovered
+	// GPUEnforcementUnavailable Event.
+	warned bool
+}
+
+// Enforcement says whether assignments can be enforced now.
+type Enforcement interface {
+	// NotReady says why not, or "" when they can.
+	NotReady() string
+	// Changes is signalled when NotReady's answer may have changed.
+	Changes() <-chan struct{}
 }
 
 // Run publishes at once, then on every interval, until ctx ends. Errors are
@@ -34,8 +50,16 @@ type Agent struct {
 func (a *Agent) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	logger.Info("Node agent starting", "node", a.Publisher.NodeName, "backend", a.Backend.Name())
+	var enforcement <-chan struct{}
+	if a.Enforcement != nil {
+		a.Publisher.NotReady = a.Enforcement.NotReady
+		enforcement = a.Enforcement.Changes()
+	}
 	a.rescan(ctx)
+	// The first heartbeat may find enforcement still connecting: it tells
+	// the scheduler, but is not worth an Event.
 	a.heartbeat(ctx)
+	defer a.stopping(ctx)
 	// A critical XID publishes the card's new health at once.
 	xids := make(chan struct{}, 1)
 	if watcher, ok := a.Backend.(discovery.XIDWatcher); ok && a.Health != nil {
@@ -70,7 +94,37 @@ func (a *Agent) Run(ctx context.Context) {
 			a.rescan(ctx)
 		case <-beat.C:
 			a.heartbeat(ctx)
+			a.reportEnforcement(ctx)
+		case <-enforcement:
+			a.heartbeat(ctx)
+			a.reportEnforcement(ctx)
 		}
+	}
+}
+
+// reportEnforcement records an Event on the Node when enforcement is lost,
+// and another when it is back.
+func (a *Agent) reportEnforcement(ctx context.Context) {
+	if a.Enforcement == nil {
+		return
+	}
+	notReady := a.Enforcement.NotReady()
+	if (notReady != "") == a.warned {
+		return
+	}
+	if err := a.Publisher.ReportEnforcement(ctx, notReady); err != nil {
+		klog.FromContext(ctx).Error(err, "Recording the enforcement state on the node failed")
+		return
+	}
+	a.warned = notReady != ""
+}
+
+// stopping marks the Lease not ready as the agent stops.
+func (a *Agent) stopping(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := a.Publisher.Stopping(ctx); err != nil {
+		klog.FromContext(ctx).Error(err, "Marking the heartbeat lease stopped failed")
 	}
 }
 

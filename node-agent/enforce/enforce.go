@@ -79,11 +79,18 @@ type Adjustment struct {
 // EnvVar is one environment variable.
 type EnvVar struct{ Name, Value string }
 
+// NoGPU is the adjustment of a container that asks for no GPUs: the NVIDIA
+// container toolkit then exposes no card to it, whatever its image sets
+// (CUDA base images set NVIDIA_VISIBLE_DEVICES=all).
+func NoGPU() *Adjustment {
+	return &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "void"}}}
+}
+
 // For returns the adjustment for container of pod, as created on node by a
-// sandbox of uid. It returns nil, nil for a container that asks for no GPUs,
-// and an error — the container must not start — when the pod is not bound to
-// this node under that UID, or when the container asks for GPUs and the pod
-// has no valid assignment for it.
+// sandbox of uid. A container that asks for no GPUs gets NoGPU. It returns an
+// error — the container must not start — when the pod is not bound to this
+// node under that UID, or when the container asks for GPUs and the pod has
+// no valid assignment for it.
 func For(pod *v1.Pod, uid types.UID, container, node string, names gpuinfo.ResourceNames, paths Paths) (*Adjustment, error) {
 	req, err := gpuinfo.ParsePodRequest(pod, names)
 	if err != nil {
@@ -98,7 +105,7 @@ func For(pod *v1.Pod, uid types.UID, container, node string, names gpuinfo.Resou
 		}
 	}
 	if cr == nil {
-		return nil, nil
+		return NoGPU(), nil
 	}
 	switch {
 	case pod.UID != uid:

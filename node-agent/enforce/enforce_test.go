@@ -59,15 +59,15 @@ func TestFor(t *testing.T) {
 			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}},
 		},
 		{
-			name: "a container without GPUs is untouched",
+			name: "a container without GPUs sees none",
 			pod:  pod(nil, ""),
-			want: nil,
+			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "void"}}},
 		},
 		{
-			name:      "another container of a GPU pod is untouched",
+			name:      "another container of a GPU pod sees none",
 			pod:       pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
 			container: "sidecar",
-			want:      nil,
+			want:      &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "void"}}},
 		},
 		{
 			name:    "no assignment: the container must not start",

@@ -3,6 +3,7 @@ package nri
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,81 +31,113 @@ func gpuPod(name, uuid string) *v1.Pod {
 	p := st.MakePod().Name(name).Namespace("ns").UID("uid-"+name).Node("node-1").
 		Annotation(gpuinfo.AssignmentAnnotation, raw).Obj()
 	p.Spec.Containers = []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{}}}}
-	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-memory"] = mustQuantity("4096")
-	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-cores"] = mustQuantity("25")
+	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-memory"] = resource.MustParse("4096")
+	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-cores"] = resource.MustParse("25")
 	return p
 }
 
-// TestNRIAgainstRuntime drives the plugin through NRI's own runtime side
-// (pkg/adaptation) over its unix socket, as containerd would.
-func TestNRIAgainstRuntime(t *testing.T) {
-	tCtx := ktesting.Init(t)
-	dir := testutil.SocketDir(t)
-	socket := filepath.Join(dir, "nri.sock")
-
-	pods := map[string]*v1.Pod{}
-	for i := 0; i < 20; i++ {
-		p := gpuPod(fmt.Sprint("p", i), fmt.Sprint("GPU-", i))
-		pods[p.Name] = p
-	}
-	plain := st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj()
-	pods["plain"] = plain
-	missing := gpuPod("unassigned", "GPU-x")
-	delete(missing.Annotations, gpuinfo.AssignmentAnnotation)
-	pods["unassigned"] = missing
+// podMap is a pod getter over a fixed set of pods in namespace ns.
+func podMap(pods ...*v1.Pod) PodGetter {
 	var mu sync.Mutex
-	getter := func(namespace, name string) (*v1.Pod, error) {
+	byName := map[string]*v1.Pod{}
+	for _, p := range pods {
+		byName[p.Name] = p
+	}
+	return func(namespace, name string) (*v1.Pod, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		if p, ok := pods[name]; ok && namespace == "ns" {
+		if p, ok := byName[name]; ok && namespace == "ns" {
 			return p, nil
 		}
 		return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, name)
 	}
+}
 
-	runtime, err := nri.New("test-runtime", "v1", func(ctx context.Context, cb nri.SyncCB) error {
+// runtimeSide is NRI's own runtime side (pkg/adaptation) serving a socket,
+// as containerd does, with NRI's default request timeout in force.
+type runtimeSide struct {
+	*nri.Adaptation
+	t *testing.T
+}
+
+func startRuntime(t *testing.T, dir string) *runtimeSide {
+	t.Helper()
+	r, err := nri.New("test-runtime", "v1", func(ctx context.Context, cb nri.SyncCB) error {
 		_, err := cb(ctx, nil, nil)
 		return err
 	}, func(context.Context, []*nri.ContainerUpdate) ([]*nri.ContainerUpdate, error) { return nil, nil },
-		nri.WithSocketPath(socket), nri.WithPluginPath(filepath.Join(dir, "plugins")), nri.WithPluginConfigPath(filepath.Join(dir, "conf")))
+		nri.WithSocketPath(filepath.Join(dir, "nri.sock")), nri.WithPluginPath(filepath.Join(dir, "plugins")), nri.WithPluginConfigPath(filepath.Join(dir, "conf")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := runtime.Start(); err != nil {
+	if err := r.Start(); err != nil {
 		t.Fatal(err)
 	}
+	return &runtimeSide{Adaptation: r, t: t}
+}
+
+// create asks the plugins to adjust container main of pod name in
+// namespace ns.
+func (r *runtimeSide) create(ctx context.Context, namespace, name, uid string) (*api.ContainerAdjustment, error) {
+	resp, err := r.CreateContainer(ctx, &api.CreateContainerRequest{
+		Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: namespace, Uid: uid},
+		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetAdjust(), nil
+}
+
+func env(adj *api.ContainerAdjustment) map[string]string {
+	m := map[string]string{}
+	for _, kv := range adj.GetEnv() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// runPlugin serves the plugin on dir's socket until the test ends.
+func runPlugin(tCtx ktesting.TContext, p *Plugin, dir string) {
+	ctx, cancel := context.WithCancel(tCtx)
+	done := make(chan struct{})
+	go func() { p.Run(ctx, filepath.Join(dir, "nri.sock")); close(done) }()
+	tCtx.Cleanup(func() { cancel(); <-done })
+}
+
+// waitReady waits until the plugin reports it can enforce.
+func waitReady(tCtx ktesting.TContext, p *Plugin, want bool) {
+	tCtx.Helper()
+	if err := wait.PollUntilContextTimeout(tCtx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return (p.NotReady() == "") == want, nil
+	}); err != nil {
+		tCtx.Fatalf("the plugin's readiness never became %t (NotReady %q)", want, p.NotReady())
+	}
+}
+
+func newPlugin() *Plugin {
+	return &Plugin{Node: "node-1", Names: gpuinfo.DefaultResourceNames(), Paths: enforce.DefaultPaths(), PodWait: time.Second, Unrestricted: []string{"monitoring"}, RetryMax: 200 * time.Millisecond}
+}
+
+// TestNRIAgainstRuntime drives the plugin through NRI's own runtime side
+// over its unix socket, as containerd would.
+func TestNRIAgainstRuntime(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	dir := testutil.SocketDir(t)
+	runtime := startRuntime(t, dir)
 	t.Cleanup(runtime.Stop)
 
-	plugin := &Plugin{Node: "node-1", Names: gpuinfo.DefaultResourceNames(), Paths: enforce.DefaultPaths(), Pods: getter, PodWait: time.Second}
-	ctx, cancel := context.WithCancel(tCtx)
-	done := make(chan error, 1)
-	go func() { done <- plugin.Run(ctx, socket) }()
-	t.Cleanup(func() { cancel(); <-done })
-
-	create := func(name, uid string) (*api.ContainerAdjustment, error) {
-		resp, err := runtime.CreateContainer(tCtx, &api.CreateContainerRequest{
-			Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns", Uid: uid},
-			Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"},
-		})
-		if err != nil {
-			return nil, err
-		}
-		return resp.GetAdjust(), nil
+	var pods []*v1.Pod
+	for i := 0; i < 20; i++ {
+		pods = append(pods, gpuPod(fmt.Sprint("p", i), fmt.Sprint("GPU-", i)))
 	}
-	env := func(adj *api.ContainerAdjustment) map[string]string {
-		m := map[string]string{}
-		for _, kv := range adj.GetEnv() {
-			m[kv.Key] = kv.Value
-		}
-		return m
-	}
-	// Wait until the plugin has registered: the runtime then adjusts.
-	if err := wait.PollUntilContextTimeout(tCtx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-		adj, err := create("p0", "uid-p0")
-		return err == nil && env(adj)["NVIDIA_VISIBLE_DEVICES"] == "GPU-0", nil
-	}); err != nil {
-		t.Fatalf("the plugin never adjusted a container: %v", err)
-	}
+	missing := gpuPod("unassigned", "GPU-x")
+	delete(missing.Annotations, gpuinfo.AssignmentAnnotation)
+	pods = append(pods, missing, st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj())
+	plugin := newPlugin()
+	plugin.SetPods(podMap(pods...))
+	runPlugin(tCtx, plugin, dir)
+	waitReady(tCtx, plugin, true)
 
 	// Many containers created at once each get their own pod's cards.
 	var wg sync.WaitGroup
@@ -113,7 +146,7 @@ func TestNRIAgainstRuntime(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			adj, err := create(fmt.Sprint("p", i), fmt.Sprint("uid-p", i))
+			adj, err := runtime.create(tCtx, "ns", fmt.Sprint("p", i), fmt.Sprint("uid-p", i))
 			if err != nil {
 				errs <- err
 				return
@@ -133,18 +166,121 @@ func TestNRIAgainstRuntime(t *testing.T) {
 		t.Error(err)
 	}
 
-	if adj, err := create("plain", "uid-plain"); err != nil || len(adj.GetEnv()) != 0 || len(adj.GetMounts()) != 0 {
-		t.Errorf("a container without GPUs was adjusted: %v, %v", adj, err)
+	if adj, err := runtime.create(tCtx, "ns", "plain", "uid-plain"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" || len(adj.GetMounts()) != 0 {
+		t.Errorf("a container without GPUs was not hidden from the cards: %v, %v", adj, err)
 	}
-	if _, err := create("unassigned", "uid-unassigned"); err == nil || !strings.Contains(err.Error(), "has no tessera.io/gpu-assignment") {
+	if adj, err := runtime.create(tCtx, "monitoring", "exporter", "uid-exporter"); err != nil || len(adj.GetEnv()) != 0 {
+		t.Errorf("a container of an unrestricted namespace was adjusted: %v, %v", adj, err)
+	}
+	if _, err := runtime.create(tCtx, "ns", "unassigned", "uid-unassigned"); err == nil || !strings.Contains(err.Error(), "has no tessera.io/gpu-assignment") {
 		t.Errorf("a GPU container without an assignment was allowed: %v", err)
 	}
-	if _, err := create("p1", "uid-someone-else"); err == nil || !strings.Contains(err.Error(), "refusing to give GPUs") {
+	if _, err := runtime.create(tCtx, "ns", "p1", "uid-someone-else"); err == nil || !strings.Contains(err.Error(), "refusing to give GPUs") {
 		t.Errorf("a sandbox with another UID got the pod's GPUs: %v", err)
-	}
-	if _, err := create("ghost", "uid-ghost"); err == nil || !strings.Contains(err.Error(), "pod not found in the API") {
-		t.Errorf("a container of an unknown pod was allowed: %v", err)
 	}
 }
 
-func mustQuantity(s string) resource.Quantity { return resource.MustParse(s) }
+// TestNRIAnswersWithinTheRuntimeTimeout: a container whose pod the agent
+// never sees is refused before NRI's request timeout (2 s by default)
+// expires, even with a longer PodWait, so the runtime keeps the plugin
+// instead of dropping it and creating containers unadjusted.
+func TestNRIAnswersWithinTheRuntimeTimeout(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	dir := testutil.SocketDir(t)
+	runtime := startRuntime(t, dir)
+	t.Cleanup(runtime.Stop)
+	plugin := newPlugin()
+	plugin.PodWait = 10 * time.Second
+	plugin.SetPods(podMap(gpuPod("p0", "GPU-0")))
+	runPlugin(tCtx, plugin, dir)
+	waitReady(tCtx, plugin, true)
+
+	start := time.Now()
+	_, err := runtime.create(tCtx, "ns", "ghost", "uid-ghost")
+	took := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "pod not found in the API within") {
+		t.Errorf("a container of an unknown pod: %v, want the plugin's refusal", err)
+	}
+	if took >= nri.DefaultPluginRequestTimeout {
+		t.Errorf("the answer took %v, not inside NRI's request timeout %v", took, nri.DefaultPluginRequestTimeout)
+	}
+	if plugin.NotReady() != "" {
+		t.Errorf("the runtime dropped the plugin: %s", plugin.NotReady())
+	}
+	if adj, err := runtime.create(tCtx, "ns", "p0", "uid-p0"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0" {
+		t.Errorf("after the refusal, a known pod got %v, %v", adj, err)
+	}
+}
+
+// TestNRIFailsClosedWhileStarting: registered before its pod cache syncs,
+// the plugin refuses containers (kubelet retries them) rather than letting
+// the runtime create them without enforcement, and says it is not ready.
+func TestNRIFailsClosedWhileStarting(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	dir := testutil.SocketDir(t)
+	runtime := startRuntime(t, dir)
+	t.Cleanup(runtime.Stop)
+	plugin := newPlugin()
+	runPlugin(tCtx, plugin, dir)
+	if err := wait.PollUntilContextTimeout(tCtx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return plugin.NotReady() == reasonNoPodCache, nil
+	}); err != nil {
+		t.Fatalf("NotReady = %q, want %q", plugin.NotReady(), reasonNoPodCache)
+	}
+	if _, err := runtime.create(tCtx, "ns", "p0", "uid-p0"); err == nil || !strings.Contains(err.Error(), "the node agent is starting") {
+		t.Errorf("a container created before the pod cache synced: %v, want a refusal", err)
+	}
+	plugin.SetPods(podMap(gpuPod("p0", "GPU-0")))
+	waitReady(tCtx, plugin, true)
+	if adj, err := runtime.create(tCtx, "ns", "p0", "uid-p0"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0" {
+		t.Errorf("after the sync: %v, %v", adj, err)
+	}
+}
+
+// TestNRIReconnects: when the runtime goes away (a containerd restart) the
+// plugin says so, and connects again when the runtime is back.
+func TestNRIReconnects(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	dir := testutil.SocketDir(t)
+	first := startRuntime(t, dir)
+	plugin := newPlugin()
+	plugin.SetPods(podMap(gpuPod("p0", "GPU-0")))
+	// The plugin's connections, to break them as a runtime that exits does.
+	var mu sync.Mutex
+	var conns []net.Conn
+	plugin.dial = func(socket string) (net.Conn, error) {
+		c, err := net.Dial("unix", socket)
+		if err == nil {
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+		return c, err
+	}
+	changes := plugin.Changes()
+	runPlugin(tCtx, plugin, dir)
+	waitReady(tCtx, plugin, true)
+
+	first.Stop()
+	mu.Lock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	mu.Unlock()
+	waitReady(tCtx, plugin, false)
+	if got := plugin.NotReady(); !strings.HasPrefix(got, reasonNotConnected+" since ") {
+		t.Errorf("NotReady = %q, want it to say since when the plugin is not connected", got)
+	}
+	select {
+	case <-changes:
+	default:
+		t.Error("no change was signalled")
+	}
+
+	second := startRuntime(t, dir)
+	t.Cleanup(second.Stop)
+	waitReady(tCtx, plugin, true)
+	if adj, err := second.create(tCtx, "ns", "p0", "uid-p0"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0" {
+		t.Errorf("after reconnecting: %v, %v", adj, err)
+	}
+}

@@ -13,8 +13,49 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// ReasonGPUUnhealthy is the Event reason on pods whose card turned unhealthy.
-const ReasonGPUUnhealthy = "GPUUnhealthy"
+// Event reasons the agent records.
+const (
+	// ReasonGPUUnhealthy is on pods whose card turned unhealthy.
+	ReasonGPUUnhealthy = "GPUUnhealthy"
+	// ReasonEnforcementUnavailable is on a node whose agent cannot enforce
+	// assignments (its NRI plugin lost the runtime).
+	ReasonEnforcementUnavailable = "GPUEnforcementUnavailable"
+	// ReasonEnforcementRestored is on a node whose agent enforces again.
+	ReasonEnforcementRestored = "GPUEnforcementRestored"
+)
+
+// ReportEnforcement records on the Node that the agent cannot enforce
+// assignments (notReady says why) or, with notReady empty, that it can again.
+func (p *Publisher) ReportEnforcement(ctx context.Context, notReady string) error {
+	node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading node %s: %w", p.NodeName, err)
+	}
+	reason, typ, note := ReasonEnforcementRestored, v1.EventTypeNormal, "GPU assignments are enforced again; the scheduler places GPU pods here again"
+	if notReady != "" {
+		reason, typ = ReasonEnforcementUnavailable, v1.EventTypeWarning
+		note = "GPU assignments cannot be enforced (" + notReady + "); the scheduler places no GPU pod here and GPU containers cannot start until it recovers"
+	}
+	return p.record(ctx, metav1.NamespaceDefault, node.Name+"-gpu-", reason, typ, note,
+		v1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID})
+}
+
+// record creates one Event from this node's agent.
+func (p *Publisher) record(ctx context.Context, namespace, generateName, reason, typ, note string, regarding v1.ObjectReference) error {
+	ev := &eventsv1.Event{
+		ObjectMeta:          metav1.ObjectMeta{GenerateName: generateName, Namespace: namespace},
+		EventTime:           metav1.NewMicroTime(p.now()),
+		ReportingController: "tessera.io/node-agent",
+		ReportingInstance:   p.NodeName,
+		Action:              "HealthCheck",
+		Reason:              reason,
+		Type:                typ,
+		Regarding:           regarding,
+		Note:                note,
+	}
+	_, err := p.Client.EventsV1().Events(namespace).Create(ctx, ev, metav1.CreateOptions{})
+	return err
+}
 
 // ReportUnhealthyCard records a Warning Event on every pod of the node that
 // holds the card: the pod keeps running, its owner is told. It returns how
@@ -32,19 +73,9 @@ func (p *Publisher) ReportUnhealthyCard(ctx context.Context, uuid, reason string
 		if !holds(pod, uuid) {
 			continue
 		}
-		now := metav1.NewMicroTime(p.now())
-		ev := &eventsv1.Event{
-			ObjectMeta:          metav1.ObjectMeta{GenerateName: pod.Name + "-gpu-", Namespace: pod.Namespace},
-			EventTime:           now,
-			ReportingController: "tessera.io/node-agent",
-			ReportingInstance:   p.NodeName,
-			Action:              "HealthCheck",
-			Reason:              ReasonGPUUnhealthy,
-			Type:                v1.EventTypeWarning,
-			Regarding:           v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
-			Note:                fmt.Sprintf("GPU %s on node %s became unhealthy (%s); the pod keeps running, new pods will not be placed on the card", uuid, p.NodeName, reason),
-		}
-		if _, err := p.Client.EventsV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		note := fmt.Sprintf("GPU %s on node %s became unhealthy (%s); the pod keeps running, new pods will not be placed on the card", uuid, p.NodeName, reason)
+		regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+		if err := p.record(ctx, pod.Namespace, pod.Name+"-gpu-", ReasonGPUUnhealthy, v1.EventTypeWarning, note, regarding); err != nil {
 			return told, fmt.Errorf("recording an event on pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 		told++

@@ -29,6 +29,9 @@ type Publisher struct {
 	LeaseDuration time.Duration
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
+	// NotReady, when set, says why the agent cannot enforce assignments now
+	// ("" when it can); each heartbeat writes it on the Lease.
+	NotReady func() string
 }
 
 // PublishInventory sets the node's inventory annotation to inv unless the
@@ -58,9 +61,24 @@ func (p *Publisher) PublishInventory(ctx context.Context, inv *gpuinfo.Inventory
 // LeaseName is the node's heartbeat Lease.
 func (p *Publisher) LeaseName() string { return gpuinfo.AgentLeasePrefix + p.NodeName }
 
-// Heartbeat creates or renews the node's Lease. A new Lease is owned by the
-// Node, so it goes away with it.
+// Heartbeat creates or renews the node's Lease, with the agent's readiness
+// (NotReady). A new Lease is owned by the Node, so it goes away with it.
 func (p *Publisher) Heartbeat(ctx context.Context) error {
+	notReady := ""
+	if p.NotReady != nil {
+		notReady = p.NotReady()
+	}
+	return p.heartbeat(ctx, notReady)
+}
+
+// Stopping marks the Lease not ready as the agent stops, so that the
+// scheduler holds GPU pods off the node at once rather than after the
+// heartbeat timeout.
+func (p *Publisher) Stopping(ctx context.Context) error {
+	return p.heartbeat(ctx, "node agent stopped")
+}
+
+func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
 	now := metav1.NewMicroTime(p.now())
 	leases := p.Client.CoordinationV1().Leases(p.Namespace)
 	lease, err := leases.Get(ctx, p.LeaseName(), metav1.GetOptions{})
@@ -81,17 +99,30 @@ func (p *Publisher) Heartbeat(ctx context.Context) error {
 				RenewTime:            &now,
 			},
 		}
+		setNotReady(lease, notReady)
 		_, err = leases.Create(ctx, lease, metav1.CreateOptions{})
 		return wrap(err, "creating", p)
 	}
 	if err != nil {
 		return wrap(err, "reading", p)
 	}
+	setNotReady(lease, notReady)
 	lease.Spec.RenewTime = &now
 	lease.Spec.HolderIdentity = ptr.To(p.NodeName)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(p.LeaseDuration / time.Second))
 	_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
 	return wrap(err, "renewing", p)
+}
+
+func setNotReady(lease *coordinationv1.Lease, reason string) {
+	if reason == "" {
+		delete(lease.Annotations, gpuinfo.AgentNotReadyAnnotation)
+		return
+	}
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Annotations[gpuinfo.AgentNotReadyAnnotation] = reason
 }
 
 func (p *Publisher) now() time.Time {

@@ -29,6 +29,13 @@ const (
 	// AgentLeasePrefix starts the name of each node agent's heartbeat Lease,
 	// "tessera-agent-<node>", in the agent's namespace.
 	AgentLeasePrefix = "tessera-agent-"
+	// AgentNotReadyAnnotation, on an agent's Lease, says why the agent cannot
+	// enforce assignments now (its NRI plugin is not connected to the
+	// container runtime, or it is starting or stopping). The scheduler places
+	// no GPU pod on the node while it is set.
+	AgentNotReadyAnnotation = Domain + "/agent-not-ready"
+	// MaxNotReadyReason bounds how much of that reason the scheduler repeats.
+	MaxNotReadyReason = 256
 
 	// FullCores is the compute share of a whole card, in percent. A container
 	// asking for FullCores holds its cards exclusively.

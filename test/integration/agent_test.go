@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/manifests"
@@ -131,4 +134,97 @@ func TestSilentAgentNodeGetsNoPodsUntilItReports(t *testing.T) {
 	start := time.Now()
 	e.waitBound(5*time.Second, "waiting")
 	t.Logf("bound %v after the agent reported again", time.Since(start).Round(time.Millisecond))
+}
+
+// enforcement is a node agent's NRI side as the agent sees it: ready or not,
+// with a reason.
+type enforcement struct {
+	mu       sync.Mutex
+	reason   string
+	changesC chan struct{}
+}
+
+func (f *enforcement) NotReady() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reason
+}
+
+func (f *enforcement) Changes() <-chan struct{} { return f.changesC }
+
+func (f *enforcement) set(reason string) {
+	f.mu.Lock()
+	f.reason = reason
+	f.mu.Unlock()
+	f.changesC <- struct{}{}
+}
+
+// TestUnenforcedNodeGetsNoGPUPods: when a node's agent loses its NRI
+// connection it says so on its Lease at once, and records a Warning Event on
+// the Node; the scheduler places no GPU pod there, says why, and binds the
+// waiting pod as soon as the agent enforces again.
+func TestUnenforcedNodeGetsNoGPUPods(t *testing.T) {
+	e := newEnv(t)
+	name := e.plainNode("nri")
+	backend, err := discovery.NewSimulated(name, "1xA100-80GB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nri := &enforcement{changesC: make(chan struct{}, 1)}
+	a := &agent.Agent{
+		Backend:     backend,
+		Publisher:   &publish.Publisher{Client: e.agentClient(name), NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second},
+		Enforcement: nri, RescanInterval: time.Hour, HeartbeatInterval: time.Hour,
+	}
+	ctx, stop := context.WithCancel(e.tCtx)
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }()
+	defer func() { stop(); <-done }()
+
+	// The connection is lost before the scheduler starts, so that its
+	// informers have the Lease before it places anything.
+	nri.set("NRI plugin not connected to the container runtime since 2026-12-02T10:00:00Z: connection reset")
+	e.waitNodeEvent(name, publish.ReasonEnforcementUnavailable)
+	e.waitFor(10*time.Second, "the Lease to say the agent is not ready", func() (bool, error) {
+		l, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, gpuinfo.AgentLeasePrefix+name, metav1.GetOptions{})
+		return err == nil && l.Annotations[gpuinfo.AgentNotReadyAnnotation] != "", err
+	})
+	e.startScheduler()
+	e.create(e.podSpec("waiting", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 1024}))
+	if msg := e.waitUnschedulable("waiting"); !strings.Contains(msg, "GPU agent on node "+name+" cannot enforce GPU assignments: NRI plugin not connected") {
+		t.Errorf("message %q does not say the node's agent cannot enforce", msg)
+	}
+
+	nri.set("")
+	start := time.Now()
+	e.waitBound(5*time.Second, "waiting")
+	t.Logf("bound %v after the agent enforced again", time.Since(start).Round(time.Millisecond))
+	e.waitNodeEvent(name, publish.ReasonEnforcementRestored)
+
+	// An agent that stops says so on its way out.
+	stop()
+	<-done
+	lease, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, gpuinfo.AgentLeasePrefix+name, metav1.GetOptions{})
+	if err != nil || lease.Annotations[gpuinfo.AgentNotReadyAnnotation] != "node agent stopped" {
+		t.Errorf("after the agent stopped, its Lease says %q (%v)", lease.Annotations[gpuinfo.AgentNotReadyAnnotation], err)
+	}
+}
+
+// waitNodeEvent waits for an Event of that reason on the node.
+func (e *env) waitNodeEvent(node, reason string) {
+	e.tCtx.Helper()
+	e.waitFor(30*time.Second, "a "+reason+" event on node "+node, func() (bool, error) {
+		events, err := e.client.EventsV1().Events(metav1.NamespaceDefault).List(e.tCtx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("regarding.name", node).String(),
+		})
+		if err != nil {
+			return false, err
+		}
+		for _, ev := range events.Items {
+			if ev.Reason == reason {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,6 +51,7 @@ func main() {
 	flag.StringVar(&paths.HostCacheDir, "vgpu-cache-dir", paths.HostCacheDir, "host directory of the containers' shared-cache files")
 	flag.StringVar(&paths.HostLockDir, "vgpu-lock-dir", paths.HostLockDir, "host lock directory of the library")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
+	unrestricted := flag.String("unrestricted-namespaces", "gpu-operator", "comma-separated namespaces whose containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter); every other container without an assignment sees no card")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -67,7 +69,7 @@ func main() {
 	}
 	var enforcer *nri.Plugin
 	if *nriSocket != "" {
-		enforcer = &nri.Plugin{Node: *nodeName, Names: names, Paths: paths, PodWait: 5 * time.Second}
+		enforcer = &nri.Plugin{Node: *nodeName, Names: names, Paths: paths, PodWait: time.Second, Unrestricted: unrestrictedNamespaces(*namespace, *unrestricted)}
 	}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin, enforcer, *nriSocket); err != nil {
 		klog.ErrorS(err, "Node agent failed")
@@ -124,17 +126,20 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		if err := enforcer.Paths.WritePreload(); err != nil {
 			return fmt.Errorf("writing %s: %w", enforcer.Paths.HostPreload, err)
 		}
-		// The pods bound to this node, as the API server has them.
-		pods, err := nri.WatchPodsOnNode(ctx, client, nodeName)
-		if err != nil {
-			return err
-		}
-		enforcer.Pods = pods
+		// Registered with the runtime first, so that containers created
+		// while the pod cache syncs fail (and are retried) instead of
+		// starting without enforcement.
+		go enforcer.Run(ctx, nriSocket)
 		go func() {
-			if err := enforcer.Run(ctx, nriSocket); err != nil && ctx.Err() == nil {
-				klog.ErrorS(err, "NRI plugin stopped: containers are created without GPU enforcement until the agent restarts")
+			// The pods bound to this node, as the API server has them.
+			pods, err := nri.WatchPodsOnNode(ctx, client, nodeName)
+			if err != nil {
+				klog.ErrorS(err, "No pod cache: GPU containers on this node cannot start")
+				return
 			}
+			enforcer.SetPods(pods)
 		}()
+		a.Enforcement = enforcer
 	}
 	a.Run(ctx)
 	return nil
@@ -155,6 +160,18 @@ func resourceNames(schedulerConfig string) (gpuinfo.ResourceNames, error) {
 		return gpuinfo.ResourceNames{}, fmt.Errorf("%s: %w", schedulerConfig, err)
 	}
 	return names, nil
+}
+
+// unrestrictedNamespaces parses --unrestricted-namespaces; the agent's own
+// namespace is always among them (its own container sees every card).
+func unrestrictedNamespaces(own, flagValue string) []string {
+	namespaces := []string{own}
+	for _, ns := range strings.Split(flagValue, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			namespaces = append(namespaces, ns)
+		}
+	}
+	return namespaces
 }
 
 func envOr(key, def string) string {

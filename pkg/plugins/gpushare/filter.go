@@ -16,19 +16,25 @@ const (
 	reasonNoState = "GPU request was not parsed in PreFilter"
 )
 
-// Filter admits the node when its GPU agent is reporting and its healthy, selector-matching cards can hold
-// every container at once. It returns every feasible node; the framework and
-// Score pick among them. It does not allocate when the node fits.
+// Filter admits the node when its GPU agent is reporting and enforcing, and
+// its healthy, selector-matching cards can hold every container at once. It
+// returns every feasible node; the framework and Score pick among them. It
+// does not allocate when the node fits.
 func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := getState(state)
 	if s == nil {
 		return fwk.NewStatus(fwk.Error, reasonNoState)
 	}
+	node := nodeInfo.Node().Name
 	if p.agentTimeout > 0 {
-		if age, silent := p.silence(nodeInfo.Node().Name, p.agentTimeout); silent {
-			p.wait(nodeInfo.Node().Name, pod)
-			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentSilentMessage(nodeInfo.Node().Name, age))
+		if age, silent := p.silence(node, p.agentTimeout); silent {
+			p.wait(node, pod)
+			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentSilentMessage(node, age))
 		}
+	}
+	if reason, unready := p.unready(node); unready {
+		p.wait(node, pod)
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentUnreadyMessage(node, reason))
 	}
 	out, err := p.fit(s, nodeInfo, allocator.Strategy{Policy: p.gpuPolicy})
 	switch {

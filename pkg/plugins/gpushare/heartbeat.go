@@ -16,11 +16,14 @@ import (
 )
 
 // heartbeats follows the node agents' Leases. A node whose agent has not
-// renewed its Lease within the timeout gets no new GPU pods; the pods kept
-// off it are activated as soon as the agent reports again, not after the
-// scheduler's unschedulable timeout. A node without a Lease is not affected.
+// renewed its Lease within the timeout, or says on it that it cannot enforce
+// assignments (gpuinfo.AgentNotReadyAnnotation), gets no new GPU pods; the
+// pods kept off it are activated as soon as the agent reports again, not
+// after the scheduler's unschedulable timeout. A node without a Lease is not
+// affected.
 type heartbeats struct {
 	renewals  sync.Map // node name -> time.Time of the last renewal
+	notReady  sync.Map // node name -> the agent's reason, while it has one
 	activator fwk.PodActivator
 	logger    klog.Logger
 
@@ -37,6 +40,16 @@ func (hb *heartbeats) silence(node string, timeout time.Duration) (time.Duration
 	}
 	age := time.Since(v.(time.Time))
 	return age, age > timeout
+}
+
+// unready returns the reason the node's agent gives for not enforcing
+// assignments, if it gives one.
+func (hb *heartbeats) unready(node string) (string, bool) {
+	v, ok := hb.notReady.Load(node)
+	if !ok {
+		return "", false
+	}
+	return v.(string), true
 }
 
 // wait remembers a pod kept off node, to activate it when the agent reports.
@@ -91,6 +104,14 @@ func (hb *heartbeats) onLease(obj any) {
 		return
 	}
 	hb.renewals.Store(node, lease.Spec.RenewTime.Time)
+	if reason, ok := lease.Annotations[gpuinfo.AgentNotReadyAnnotation]; ok {
+		if len(reason) > gpuinfo.MaxNotReadyReason {
+			reason = reason[:gpuinfo.MaxNotReadyReason] + "..."
+		}
+		hb.notReady.Store(node, reason)
+		return
+	}
+	hb.notReady.Delete(node)
 	hb.activate(node)
 }
 
@@ -101,6 +122,7 @@ func (hb *heartbeats) onLeaseDelete(obj any) {
 	if lease, ok := obj.(*coordinationv1.Lease); ok {
 		if node, ok := strings.CutPrefix(lease.Name, gpuinfo.AgentLeasePrefix); ok {
 			hb.renewals.Delete(node)
+			hb.notReady.Delete(node)
 			hb.activate(node)
 		}
 	}
@@ -109,4 +131,10 @@ func (hb *heartbeats) onLeaseDelete(obj any) {
 // agentSilentMessage is Filter's reason for a node whose agent is silent.
 func agentSilentMessage(node string, age time.Duration) string {
 	return "GPU agent on node " + node + " not reporting for " + age.Round(time.Second).String()
+}
+
+// agentUnreadyMessage is Filter's reason for a node whose agent cannot
+// enforce assignments.
+func agentUnreadyMessage(node, reason string) string {
+	return "GPU agent on node " + node + " cannot enforce GPU assignments: " + reason
 }
