@@ -5,50 +5,50 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
-	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
-// checkNoOvercommit rebuilds the card usage of the test's nodes from the API
-// alone — node inventories and bound pods' assignments — and fails if any
-// card holds more memory or compute than it has. It returns the number of
-// bound GPU pods it counted.
+// checkNoOvercommit recomputes, from the API alone and with the contract's
+// rules written apart from the scheduler's code (testutil.HeldByPods), what
+// the test's bound, unfinished pods hold on each card of the test's nodes,
+// and fails if any card holds more memory or compute than its inventory
+// gives it. It returns the number of bound GPU pods it counted.
 func (e *env) checkNoOvercommit(t *testing.T) int {
 	t.Helper()
-	l := ledger.New()
+	capacity := map[string]testutil.Use{}
+	where := map[string]string{}
 	for _, name := range e.nodes {
 		n, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		raw, ok := n.Annotations[gpuinfo.InventoryAnnotation]
-		if _, err := l.SetInventory(name, "", raw, ok); err != nil {
+		inv, err := gpuinfo.DecodeInventory(n.Annotations[gpuinfo.InventoryAnnotation])
+		if err != nil {
 			continue // nodes with bad inventories hold no GPU pods
+		}
+		for _, c := range inv.Cards {
+			capacity[c.UUID] = testutil.Use{MemoryMiB: c.MemoryMiB, Cores: c.Cores}
+			where[c.UUID] = name
 		}
 	}
 	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bound := 0
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		raw, ok := p.Annotations[gpuinfo.AssignmentAnnotation]
-		if p.Spec.NodeName == "" || !ok {
-			continue
-		}
-		a, err := gpuinfo.DecodeAssignment(raw)
-		if err != nil {
-			t.Fatalf("pod %s: %v", p.Name, err)
-		}
-		l.AddPod(p.UID, p.Spec.NodeName, gpuinfo.ContainerOrder(p), a, false)
-		bound++
+	held, err := testutil.HeldByPods(pods.Items, capacity)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for node, cards := range l.Snapshot() {
-		for _, c := range cards {
-			if c.Used.MemoryMiB > c.Capacity.MemoryMiB || c.Used.Cores > c.Capacity.Cores {
-				t.Errorf("node %s card %d is over-committed: %+v of %+v", node, c.Index, c.Used, c.Capacity)
-			}
+	for uuid, h := range held {
+		if c := capacity[uuid]; h.MemoryMiB > c.MemoryMiB || h.Cores > c.Cores {
+			t.Errorf("node %s card %s is over-committed: %+v of %+v", where[uuid], uuid, h, c)
+		}
+	}
+	bound := 0
+	for _, p := range pods.Items {
+		if _, ok := p.Annotations[gpuinfo.AssignmentAnnotation]; ok && p.Spec.NodeName != "" {
+			bound++
 		}
 	}
 	return bound

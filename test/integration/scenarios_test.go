@@ -194,3 +194,29 @@ func TestRestartRebuildsLedger(t *testing.T) {
 		t.Errorf("%d GPU pods bound, want 12", got)
 	}
 }
+
+// TestFinishedPodsFreeTheirCards: a pod that reaches Succeeded or Failed
+// (kubelet reports it; its object stays) gives its card back, and the pod
+// waiting for it is bound at once.
+func TestFinishedPodsFreeTheirCards(t *testing.T) {
+	for _, phase := range []v1.PodPhase{v1.PodSucceeded, v1.PodFailed} {
+		t.Run(string(phase), func(t *testing.T) {
+			e := newEnv(t)
+			e.node("a", cluster.A100, 1, nil)
+			e.startScheduler()
+			e.create(e.podSpec("job", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1}))
+			job := e.waitBound(30*time.Second, "job")["job"]
+			e.create(e.podSpec("next", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 1024}))
+			e.waitUnschedulable("next")
+
+			job.Status.Phase = phase
+			if _, err := e.client.CoreV1().Pods(e.ns).UpdateStatus(e.tCtx, job, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			e.waitBound(10*time.Second, "next")
+			t.Logf("bound %v after the job %s", time.Since(start).Round(time.Millisecond), phase)
+			e.checkNoOvercommit(t)
+		})
+	}
+}
