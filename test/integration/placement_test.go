@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
@@ -11,20 +13,22 @@ import (
 
 var share4GiB30 = map[string]int64{"tessera.io/gpu-memory": 4096, "tessera.io/gpu-cores": 30}
 
+// TestBinpackSharesOneCard: once a card holds a share, binpack puts the
+// next shares on that same card rather than on any other card or node.
 func TestBinpackSharesOneCard(t *testing.T) {
 	e := newEnv(t)
 	a := e.node("a", cluster.A100, 4, nil)
 	e.node("b", cluster.A100, 4, nil)
 	e.startScheduler()
-	e.create(e.podSpec("first", "tessera-binpack", share4GiB30))
-	first := placementOf(t, e.waitBound(30*time.Second, "first")["first"])
-	e.create(e.podSpec("second", "tessera-binpack", share4GiB30))
-	second := placementOf(t, e.waitBound(30*time.Second, "second")["second"])
-	if diff := cmp.Diff(first, second); diff != "" {
-		t.Errorf("binpack placed the second pod elsewhere (-first,+second):\n%s", diff)
-	}
-	if first.Node != a && first.Node != e.ns+"-b" || len(first.Cards) != 1 {
-		t.Errorf("unexpected placement %+v", first)
+	holder := e.podSpec("holder", "tessera-binpack", share4GiB30)
+	holder.Spec.NodeSelector = map[string]string{v1.LabelHostname: a}
+	e.create(holder)
+	want := placementOf(t, e.waitBound(30*time.Second, "holder")["holder"])
+	for _, name := range []string{"first", "second"} {
+		e.create(e.podSpec(name, "tessera-binpack", share4GiB30))
+		if diff := cmp.Diff(want, placementOf(t, e.waitBound(30*time.Second, name)[name])); diff != "" {
+			t.Errorf("binpack placed %s off the partly used card (-holder,+%s):\n%s", name, name, diff)
+		}
 	}
 }
 

@@ -381,8 +381,16 @@ func TestAddRemovePod(t *testing.T) {
 	if s := h.plugin.Filter(h.ctx, dryRun, pod, ni); s.IsSuccess() {
 		t.Error("pod fits beside a nominated pod that leaves it no room")
 	}
-	if s := h.plugin.AddPod(h.ctx, state.Clone(), pod, victimInfo, ni); !s.IsSuccess() {
+	// The dry run reprieving the victim adds its charge back.
+	reprieve := state.Clone()
+	if s := h.plugin.RemovePod(h.ctx, reprieve, pod, victimInfo, ni); !s.IsSuccess() {
 		t.Fatal(s)
+	}
+	if s := h.plugin.AddPod(h.ctx, reprieve, pod, victimInfo, ni); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	if s := h.plugin.Filter(h.ctx, reprieve, pod, ni); s.IsSuccess() {
+		t.Error("the pod fits after its victim was added back: AddPod charged nothing")
 	}
 }
 
