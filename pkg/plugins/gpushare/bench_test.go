@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/runtime"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
@@ -15,30 +15,54 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// mixedNode returns a harness with one node of n 80 GiB cards at mixed usage:
-// a quarter of the cards empty, the others a quarter, half or fully used.
-func mixedNode(b *testing.B, n int, args *config.GPUShareArgs) (*harness, *v1.Node) {
+// mixedNode returns a harness with one node of n 80 GiB cards at mixed usage
+// — a quarter of the cards empty, the others a quarter, half or fully used —
+// and its NodeInfo. The pods holding the cards are real bound pods, in the
+// API, the ledger and the NodeInfo alike, so that no Filter finds them
+// missing and drops them.
+func mixedNode(b *testing.B, n int, args *config.GPUShareArgs) (*harness, fwk.NodeInfo) {
 	inv := testutil.Inventory("n", "NVIDIA H100 80GB HBM3", 81920, n)
 	node := testutil.GPUNode("n", inv)
-	h := newHarness(b, args, node)
+	objs := []runtime.Object{node}
+	var pods []*v1.Pod
 	for i, c := range inv.Cards {
 		share := int64(i % 4)
 		if share == 0 {
 			continue
 		}
-		a := &gpuinfo.Assignment{Version: 1, Containers: map[string][]gpuinfo.CardAssignment{
+		p := boundPod(fmt.Sprint("p", i), "n", map[string][]gpuinfo.CardAssignment{
 			"c": {{Index: c.Index, UUID: c.UUID, MemoryMiB: 20480 * share, Cores: 25 * share}},
-		}}
-		h.plugin.ledger.AddPod(types.UID(fmt.Sprint("p", i)), "n", []gpuinfo.NamedContainer{{Name: "c"}}, a, false)
+		})
+		objs, pods = append(objs, p), append(pods, p)
 	}
-	return h, node
+	h := newHarness(b, args, objs...)
+	if got := len(h.plugin.ledger.BoundPods("n")); got != len(pods) {
+		b.Fatalf("the ledger holds %d pods, want %d", got, len(pods))
+	}
+	ni := framework.NewNodeInfo(pods...)
+	ni.SetNode(node)
+	return h, ni
 }
 
-func benchmarkPods() map[string]*v1.Pod {
-	return map[string]*v1.Pod{
-		"share":     gpuPod("share", testutil.Share(16384, 20)).Obj(),
-		"two-cards": gpuPod("two", map[v1.ResourceName]string{"tessera.io/gpu": "2", "tessera.io/gpu-memory": "30000", "tessera.io/gpu-cores": "40"}).Obj(),
-		"no-fit":    gpuPod("big", testutil.Share(90000, 10)).Obj(),
+// checkStillHeld fails the benchmark if Filter dropped the node's pods from
+// the ledger, which would leave later runs measuring an emptier node.
+func checkStillHeld(b *testing.B, h *harness, ni fwk.NodeInfo) {
+	if got, want := len(h.plugin.ledger.BoundPods("n")), len(ni.GetPods()); got != want {
+		b.Fatalf("the ledger holds %d of the node's %d pods after the run", got, want)
+	}
+}
+
+// benchmarkPod is a pod the benchmarks place, with its name in their output.
+type benchmarkPod struct {
+	name string
+	pod  *v1.Pod
+}
+
+func benchmarkPods() []benchmarkPod {
+	return []benchmarkPod{
+		{"share", gpuPod("share", testutil.Share(16384, 20)).Obj()},
+		{"two-cards", gpuPod("two", map[v1.ResourceName]string{"tessera.io/gpu": "2", "tessera.io/gpu-memory": "30000", "tessera.io/gpu-cores": "40"}).Obj()},
+		{"no-fit", gpuPod("big", testutil.Share(90000, 10)).Obj()},
 	}
 }
 
@@ -46,10 +70,10 @@ func benchmarkPods() map[string]*v1.Pod {
 // per node per pod, from 16 goroutines.
 func BenchmarkFilter(b *testing.B) {
 	for _, cards := range []int{8, 16} {
-		h, node := mixedNode(b, cards, nil)
-		ni := nodeInfo(node)
-		for name, pod := range benchmarkPods() {
-			b.Run(fmt.Sprintf("cards=%d/pod=%s", cards, name), func(b *testing.B) {
+		h, ni := mixedNode(b, cards, nil)
+		for _, bp := range benchmarkPods() {
+			pod := bp.pod
+			b.Run(fmt.Sprintf("cards=%d/pod=%s", cards, bp.name), func(b *testing.B) {
 				state := framework.NewCycleState()
 				h.plugin.PreFilter(h.ctx, state, pod, nil)
 				b.ReportAllocs()
@@ -57,10 +81,12 @@ func BenchmarkFilter(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					_ = h.plugin.Filter(h.ctx, state, pod, ni)
 				}
+				b.StopTimer()
+				checkStillHeld(b, h, ni)
 			})
 		}
 		b.Run(fmt.Sprintf("cards=%d/pod=share/parallel", cards), func(b *testing.B) {
-			pod := benchmarkPods()["share"]
+			pod := benchmarkPods()[0].pod
 			state := framework.NewCycleState()
 			h.plugin.PreFilter(h.ctx, state, pod, nil)
 			b.ReportAllocs()
@@ -70,6 +96,8 @@ func BenchmarkFilter(b *testing.B) {
 					_ = h.plugin.Filter(h.ctx, state, pod, ni)
 				}
 			})
+			b.StopTimer()
+			checkStillHeld(b, h, ni)
 		})
 	}
 }
@@ -80,13 +108,12 @@ func BenchmarkFilter(b *testing.B) {
 func BenchmarkScore(b *testing.B) {
 	for _, policy := range []config.Policy{config.PolicyBinpack, config.PolicyFragmentationAware} {
 		for _, cards := range []int{8, 16} {
-			h, node := mixedNode(b, cards, args(policy, policy))
+			h, ni := mixedNode(b, cards, args(policy, policy))
 			for i := 0; i < 4*allocator.MaxShapes; i++ {
 				req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Count: 1 + i%2, Cores: int64(5 + i%95), MemoryPercent: int64(5 + i%95)}}}
 				h.plugin.learner.Observe(fmt.Sprint(i), req, int64(1000*(1+i%7)))
 			}
-			ni := nodeInfo(node)
-			pod := benchmarkPods()["share"]
+			pod := benchmarkPods()[0].pod
 			b.Run(fmt.Sprintf("policy=%s/cards=%d", policy, cards), func(b *testing.B) {
 				state := framework.NewCycleState()
 				h.plugin.PreFilter(h.ctx, state, pod, nil)
@@ -105,7 +132,7 @@ func BenchmarkScore(b *testing.B) {
 func BenchmarkReserve(b *testing.B) {
 	for _, cards := range []int{8, 16} {
 		h, _ := mixedNode(b, cards, nil)
-		pod := benchmarkPods()["share"]
+		pod := benchmarkPods()[0].pod
 		b.Run(fmt.Sprintf("cards=%d", cards), func(b *testing.B) {
 			var state fwk.CycleState = framework.NewCycleState()
 			h.plugin.PreFilter(h.ctx, state, pod, nil)
