@@ -163,13 +163,28 @@ func (l *Learner) add(s allocator.Shape, w float64) {
 	}
 }
 
+// referenceCardMiB converts memory asked in MiB into a share of a card for
+// weighting only: the memory of a data-center card (80 GiB). Placement
+// itself measures every request against each card's real memory.
+const referenceCardMiB = 81920
+
 // gpuWeight scales a shape's frequency by the square root of its GPU size
-// (cards × share of each): a fragment that strands a large request costs
-// more allocation than one that strands a small one, and on the openb trace
-// the square root protects large requests best (frequency alone, and size
-// itself, both left more GPU unallocated; docs/performance.md).
+// (cards × share of each, the share being the larger of compute and memory,
+// so that a memory-only request weighs what it holds): a fragment that
+// strands a large request costs more allocation than one that strands a
+// small one, and on the openb trace the square root protects large requests
+// best (frequency alone, and size itself, both left more GPU unallocated;
+// docs/performance.md). Every shape weighs something: a request holds at
+// least 1 MiB.
 func gpuWeight(s *allocator.Shape) float64 {
-	return math.Sqrt(float64(s.Container.Count) * float64(min(s.Container.Cores, gpuinfo.FullCores)))
+	c := &s.Container
+	share := float64(min(c.Cores, gpuinfo.FullCores))
+	memory := float64(c.MemoryPercent)
+	if c.MemoryMiB > 0 {
+		memory = float64(c.MemoryMiB) * gpuinfo.FullCores / referenceCardMiB
+	}
+	share = max(share, min(memory, gpuinfo.FullCores), float64(gpuinfo.FullCores)/referenceCardMiB)
+	return math.Sqrt(float64(c.Count) * share)
 }
 
 // rebuild publishes the heaviest shapes, normalised.

@@ -117,3 +117,34 @@ func TestLearnerConcurrentUse(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestMemoryOnlyRequestsWeigh: requests that ask memory and no compute
+// (cores 0, allowed by the contract) weigh by the memory they hold; a
+// workload of nothing else stays a distribution.
+func TestMemoryOnlyRequestsWeigh(t *testing.T) {
+	memory := func(mib int64) *gpuinfo.PodRequest {
+		return &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: mib}}}
+	}
+	l := workload.NewLearner(10)
+	for i := 0; i < 500; i++ { // the prior fades entirely
+		l.Observe(fmt.Sprint("small-", i), memory(4096), 1000)
+		l.Observe(fmt.Sprint("large-", i), memory(40960), 1000)
+	}
+	w := l.Workload()
+	checkNormalised(t, w)
+	var small, large float64
+	for _, s := range w.Shapes {
+		if math.IsNaN(s.Weight) || s.Weight < 0 {
+			t.Fatalf("shape %+v weighs %v", s.Container, s.Weight)
+		}
+		switch s.Container.MemoryMiB {
+		case 4096:
+			small += s.Weight
+		case 40960:
+			large += s.Weight
+		}
+	}
+	if small <= 0 || large <= small {
+		t.Errorf("equally frequent 4 GiB and 40 GiB memory-only requests weigh %.3f and %.3f; want both above 0, the larger more", small, large)
+	}
+}
