@@ -57,7 +57,12 @@ type Card struct {
 	ModelLower string
 	UUIDLower  string
 	Capacity   Usage
-	Healthy    bool
+	// Healthy is false for a card that must get no new work: unhealthy, or
+	// in MIG mode (MIG marks which).
+	Healthy bool
+	// MIG marks a card in MIG mode: its parent UUID gives a container no
+	// usable device, so Tessera does not place pods on it yet.
+	MIG bool
 }
 
 // NewCards converts an inventory's cards.
@@ -71,7 +76,8 @@ func NewCards(inv *gpuinfo.Inventory) []Card {
 			ModelLower: strings.ToLower(c.Model),
 			UUIDLower:  strings.ToLower(c.UUID),
 			Capacity:   Usage{MemoryMiB: c.MemoryMiB, Cores: c.Cores},
-			Healthy:    c.Healthy,
+			Healthy:    c.Healthy && !c.MIGEnabled,
+			MIG:        c.MIGEnabled,
 		}
 	}
 	return cards

@@ -18,6 +18,9 @@ const (
 	NoCapacity
 	// TooFewCards: a multi-card container found fewer cards with room than it needs.
 	TooFewCards
+	// InMIGMode: cards match and none is usable; some are in MIG mode, which
+	// Tessera does not place pods on yet.
+	InMIGMode
 )
 
 // Failure details why a pod does not fit.
@@ -44,6 +47,8 @@ func (f *Failure) Message(selector string) string {
 		return "no GPU matches " + selector
 	case NoHealthyCard:
 		return "no healthy GPU"
+	case InMIGMode:
+		return "GPUs in MIG mode (not supported yet)"
 	case TooFewCards:
 		if f.Fit > 0 {
 			b := strconv.AppendInt([]byte("needs "), int64(f.Container.Count), 10)

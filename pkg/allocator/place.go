@@ -54,7 +54,7 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	s := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(s)
 	n := len(cards)
-	matching, eligible := 0, 0
+	matching, eligible, mig := 0, 0, 0
 	for i := range cards {
 		c := &cards[i]
 		s.free[i] = c.Capacity.sub(used[i])
@@ -62,9 +62,12 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 		s.eligible[i] = false
 		if req.Selector.Matches(c.ModelLower, c.UUIDLower) {
 			matching++
-			if c.Healthy {
+			switch {
+			case c.Healthy:
 				s.eligible[i] = true
 				eligible++
+			case c.MIG:
+				mig++
 			}
 		}
 	}
@@ -76,6 +79,8 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	switch {
 	case matching == 0:
 		return Outcome{Failure: Failure{Kind: NoMatchingCard}}
+	case eligible == 0 && mig > 0:
+		return Outcome{Failure: Failure{Kind: InMIGMode}}
 	case eligible == 0:
 		return Outcome{Failure: Failure{Kind: NoHealthyCard}}
 	}

@@ -270,3 +270,20 @@ func TestChargeMatchesPlacement(t *testing.T) {
 		})
 	}
 }
+
+// TestMIGCardsGetNoPods: a card in MIG mode is passed over, and a node whose
+// matching cards are all in MIG mode says so.
+func TestMIGCardsGetNoPods(t *testing.T) {
+	inv := testutil.Inventory("n", "A100", 81920, 2)
+	inv.Cards[0].MIGEnabled = true
+	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 10)}}
+	out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+	if o := allocator.Place(allocator.NewCards(inv), make([]allocator.Usage, 2), nil, req, allocator.Strategy{Policy: allocator.Binpack}, out); !o.Fits || out.Containers["c"][0].Index != 1 {
+		t.Fatalf("placed %+v (fits %v), want card 1, the one not in MIG mode", out.Containers, o.Fits)
+	}
+	inv.Cards[1].MIGEnabled = true
+	o := allocator.Place(allocator.NewCards(inv), make([]allocator.Usage, 2), nil, req, allocator.Strategy{Policy: allocator.Binpack}, nil)
+	if o.Fits || o.Failure.Kind != allocator.InMIGMode || o.Failure.Message("") != "GPUs in MIG mode (not supported yet)" {
+		t.Errorf("on a node of MIG cards: fits %v, failure %+v %q", o.Fits, o.Failure, o.Failure.Message(""))
+	}
+}

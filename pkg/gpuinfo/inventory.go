@@ -34,8 +34,8 @@ type Card struct {
 	NUMANode int `json:"numaNode"`
 	// Healthy is false while the card must not get new work.
 	Healthy bool `json:"healthy"`
-	// MIGEnabled reports that the card is in MIG mode; Tessera does not
-	// partition MIG cards, it only reports the mode.
+	// MIGEnabled reports that the card is in MIG mode. Tessera does not
+	// support MIG yet: the scheduler places no pod on such a card.
 	MIGEnabled bool `json:"migEnabled,omitempty"`
 }
 
