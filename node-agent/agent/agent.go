@@ -4,7 +4,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -34,6 +37,19 @@ type Agent struct {
 	// warned records that the Node carries an unrecovered
 	// GPUEnforcementUnavailable Event.
 	warned bool
+	// lastCards is the last scan that succeeded: when a scan fails, these
+	// cards are published unhealthy.
+	lastCards []discovery.Card
+	// xids watches the cards' XID events (see watchXIDs).
+	xids xidWatch
+}
+
+// xidWatch is the XID event watch of the cards it started with.
+type xidWatch struct {
+	cards   string // the UUIDs watched, in order
+	cancel  context.CancelFunc
+	stopped chan struct{}
+	events  chan struct{} // a critical XID arrived
 }
 
 // Enforcement says whether assignments can be enforced now.
@@ -55,30 +71,13 @@ func (a *Agent) Run(ctx context.Context) {
 		a.Publisher.NotReady = a.Enforcement.NotReady
 		enforcement = a.Enforcement.Changes()
 	}
+	a.xids.events = make(chan struct{}, 1)
+	defer a.stopXIDs()
 	a.rescan(ctx)
 	// The first heartbeat may find enforcement still connecting: it tells
 	// the scheduler, but is not worth an Event.
 	a.heartbeat(ctx)
 	defer a.stopping(ctx)
-	// A critical XID publishes the card's new health at once.
-	xids := make(chan struct{}, 1)
-	if watcher, ok := a.Backend.(discovery.XIDWatcher); ok && a.Health != nil {
-		go func() {
-			err := watcher.WatchXIDs(ctx, func(uuid string, xid uint64) {
-				critical := a.Health.ObserveXID(uuid, xid)
-				logger.Info("GPU XID error", "uuid", uuid, "xid", xid, "critical", critical)
-				if critical {
-					select {
-					case xids <- struct{}{}:
-					default:
-					}
-				}
-			})
-			if err != nil {
-				logger.Error(err, "Not watching XID events; card health comes from each scan only")
-			}
-		}()
-	}
 	rescan := time.NewTicker(a.RescanInterval)
 	defer rescan.Stop()
 	beat := time.NewTicker(a.HeartbeatInterval)
@@ -90,7 +89,7 @@ func (a *Agent) Run(ctx context.Context) {
 			return
 		case <-rescan.C:
 			a.rescan(ctx)
-		case <-xids:
+		case <-a.xids.events:
 			a.rescan(ctx)
 		case <-beat.C:
 			a.heartbeat(ctx)
@@ -137,11 +136,23 @@ func (a *Agent) Once(ctx context.Context) error {
 }
 
 // scan reads the cards, applies their health and publishes the inventory.
+// When the backend cannot read the cards, the last ones it read are
+// published unhealthy (and the error returned): no new work goes to cards
+// nobody can see, and a card an XID marked stays marked.
 func (a *Agent) scan(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	cards, err := a.Backend.Cards()
-	if err != nil {
-		return fmt.Errorf("scanning GPUs: %w", err)
+	cards, scanErr := a.Backend.Cards()
+	if scanErr != nil {
+		scanErr = fmt.Errorf("scanning GPUs: %w", scanErr)
+		if a.lastCards == nil {
+			return scanErr
+		}
+		cards = slices.Clone(a.lastCards)
+		for i := range cards {
+			cards[i].Healthy = false
+		}
+	} else {
+		a.lastCards = slices.Clone(cards)
 	}
 	if a.Health != nil {
 		for _, t := range a.Health.Apply(cards) {
@@ -160,12 +171,70 @@ func (a *Agent) scan(ctx context.Context) error {
 	}
 	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards))
 	if err != nil {
-		return err
+		return errors.Join(scanErr, err)
 	}
 	if changed {
 		logger.Info("Published GPU inventory", "cards", len(cards))
 	}
-	return nil
+	if scanErr == nil {
+		a.watchXIDs(ctx, cards)
+	}
+	return scanErr
+}
+
+// watchXIDs (re)starts the XID event watch when the cards differ from those
+// it watches, or when it has stopped (NVML failed, or was initialised
+// again): a new card is watched from the next scan on.
+func (a *Agent) watchXIDs(ctx context.Context, cards []discovery.Card) {
+	watcher, ok := a.Backend.(discovery.XIDWatcher)
+	if !ok || a.Health == nil || len(cards) == 0 {
+		return
+	}
+	uuids := make([]string, len(cards))
+	for i, c := range cards {
+		uuids[i] = c.UUID
+	}
+	key := strings.Join(uuids, ",")
+	if a.xids.cancel != nil {
+		select {
+		case <-a.xids.stopped:
+		default:
+			if a.xids.cards == key {
+				return
+			}
+		}
+	}
+	a.stopXIDs()
+	logger := klog.FromContext(ctx)
+	watchCtx, cancel := context.WithCancel(ctx)
+	stopped, events := make(chan struct{}), a.xids.events
+	a.xids.cards, a.xids.cancel, a.xids.stopped = key, cancel, stopped
+	go func() {
+		defer close(stopped)
+		err := watcher.WatchXIDs(watchCtx, func(uuid string, xid uint64) {
+			critical := a.Health.ObserveXID(uuid, xid)
+			logger.Info("GPU XID error", "uuid", uuid, "xid", xid, "critical", critical)
+			if critical {
+				select {
+				case events <- struct{}{}:
+				default:
+				}
+			}
+		})
+		if err != nil && watchCtx.Err() == nil {
+			logger.Error(err, "Not watching XID events until the next scan; card health comes from the scans")
+		}
+	}()
+}
+
+// stopXIDs ends the XID watch, if one runs, and waits for it.
+func (a *Agent) stopXIDs() {
+	if a.xids.cancel == nil {
+		return
+	}
+	a.xids.cancel()
+	<-a.xids.stopped
+	a.xids.cancel = nil
 }
 
 func (a *Agent) rescan(ctx context.Context) {

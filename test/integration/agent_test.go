@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -227,4 +228,56 @@ func (e *env) waitNodeEvent(node, reason string) {
 		}
 		return false, nil
 	})
+}
+
+// failingBackend reads its cards from a simulated backend until told to
+// fail, as NVML does when the driver goes away.
+type failingBackend struct {
+	discovery.Backend
+	failing bool
+}
+
+func (b *failingBackend) Cards() ([]discovery.Card, error) {
+	if b.failing {
+		return nil, errors.New("NVML: driver not loaded")
+	}
+	return b.Backend.Cards()
+}
+
+// TestAgentPublishesUnreadableCardsUnhealthy: when a scan fails, the cards
+// last read are published unhealthy — so a card a critical XID marked is
+// never left published healthy — and the heartbeat goes on.
+func TestAgentPublishesUnreadableCardsUnhealthy(t *testing.T) {
+	e := newEnv(t)
+	name := e.plainNode("lost")
+	sim, err := discovery.NewSimulated(name, "2xA100-80GB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := &failingBackend{Backend: sim}
+	a := &agent.Agent{
+		Backend:   backend,
+		Health:    health.NewTracker(10*time.Minute, time.Now),
+		Publisher: &publish.Publisher{Client: e.agentClient(name), NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second},
+	}
+	if err := a.Once(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	a.Health.ObserveXID("GPU-sim-"+name+"-1", 79)
+	backend.failing = true
+	if err := a.Once(e.tCtx); err == nil || !strings.Contains(err.Error(), "driver not loaded") {
+		t.Errorf("a failed scan was not reported: %v", err)
+	}
+	node, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := gpuinfo.DecodeInventory(node.Annotations[gpuinfo.InventoryAnnotation])
+	if err != nil || len(inv.Cards) != 2 || inv.Cards[0].Healthy || inv.Cards[1].Healthy {
+		t.Errorf("inventory after a failed scan = %+v, %v; want both cards, unhealthy", inv, err)
+	}
+	lease, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, gpuinfo.AgentLeasePrefix+name, metav1.GetOptions{})
+	if err != nil || lease.Spec.RenewTime == nil {
+		t.Errorf("no heartbeat after the failed scan: %v", err)
+	}
 }

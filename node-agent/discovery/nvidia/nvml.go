@@ -26,6 +26,9 @@ type NVML struct {
 	lib      nvml.Interface
 	driver   string
 	sysfsPCI string
+	// known is the last good reading of each card, by index: a card that
+	// stops answering is reported under it, unhealthy.
+	known map[int]discovery.Card
 }
 
 // New initializes NVML through lib (nvml.New() in production, a mock in
@@ -42,7 +45,7 @@ func New(lib nvml.Interface) (*NVML, error) {
 	if ret != nvml.SUCCESS {
 		driver = "unknown"
 	}
-	return &NVML{lib: lib, driver: driver, sysfsPCI: "/sys/bus/pci/devices"}, nil
+	return &NVML{lib: lib, driver: driver, sysfsPCI: "/sys/bus/pci/devices", known: map[int]discovery.Card{}}, nil
 }
 
 // Name describes the backend.
@@ -56,45 +59,79 @@ func (n *NVML) Close() error {
 	return nil
 }
 
-// Cards lists the cards NVML reports. A card NVML cannot describe is
-// reported unhealthy rather than hidden, so the scheduler keeps off it.
+// Cards lists the cards NVML reports. A card NVML can no longer describe (it
+// fell off the bus, its handle or UUID cannot be read) is reported unhealthy
+// under its last good reading, the others as they are; one never read is
+// left out. When NVML itself stops answering (a driver reload), it is shut
+// down and initialised again before giving up.
 func (n *NVML) Cards() ([]discovery.Card, error) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("counting GPUs: %s", n.lib.ErrorString(ret))
+		if err := n.reinit(); err != nil {
+			return nil, fmt.Errorf("counting GPUs: %s; %w", n.lib.ErrorString(ret), err)
+		}
+		if count, ret = n.lib.DeviceGetCount(); ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("counting GPUs after initialising NVML again: %s", n.lib.ErrorString(ret))
+		}
 	}
 	cards := make([]discovery.Card, 0, count)
 	for i := 0; i < count; i++ {
-		dev, ret := n.lib.DeviceGetHandleByIndex(i)
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("GPU %d: %s", i, n.lib.ErrorString(ret))
-		}
-		c := discovery.Card{Index: i, NUMANode: -1, Healthy: true}
-		uuid, ret := dev.GetUUID()
-		if ret != nvml.SUCCESS {
-			return nil, fmt.Errorf("GPU %d: reading UUID: %s", i, n.lib.ErrorString(ret))
-		}
-		c.UUID = uuid
-		if c.Model, ret = dev.GetName(); ret != nvml.SUCCESS {
-			c.Model, c.Healthy = "unknown", false
-		}
-		if mem, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
-			c.MemoryMiB = int64(mem.Total / (1 << 20))
+		c, ok := n.card(i)
+		if !ok {
+			last, known := n.known[i]
+			if !known {
+				continue
+			}
+			last.Healthy = false
+			c = last
 		} else {
-			c.Healthy = false
-		}
-		if c.MemoryMiB < 1 {
-			c.MemoryMiB, c.Healthy = 1, false
-		}
-		if current, _, ret := dev.GetMigMode(); ret == nvml.SUCCESS {
-			c.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
-		}
-		if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
-			c.NUMANode = n.numaNode(busID(pci))
+			n.known[i] = c
 		}
 		cards = append(cards, c)
 	}
 	return cards, nil
+}
+
+// card reads card i; false when NVML cannot give its handle or UUID.
+func (n *NVML) card(i int) (discovery.Card, bool) {
+	dev, ret := n.lib.DeviceGetHandleByIndex(i)
+	if ret != nvml.SUCCESS {
+		return discovery.Card{}, false
+	}
+	c := discovery.Card{Index: i, NUMANode: -1, Healthy: true}
+	if c.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS || c.UUID == "" {
+		return discovery.Card{}, false
+	}
+	if c.Model, ret = dev.GetName(); ret != nvml.SUCCESS {
+		c.Model, c.Healthy = "unknown", false
+	}
+	if mem, ret := dev.GetMemoryInfo(); ret == nvml.SUCCESS {
+		c.MemoryMiB = int64(mem.Total / (1 << 20))
+	} else {
+		c.Healthy = false
+	}
+	if c.MemoryMiB < 1 {
+		c.MemoryMiB, c.Healthy = 1, false
+	}
+	if current, _, ret := dev.GetMigMode(); ret == nvml.SUCCESS {
+		c.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
+	}
+	if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
+		c.NUMANode = n.numaNode(busID(pci))
+	}
+	return c, true
+}
+
+// reinit shuts NVML down and initialises it again, as after a driver reload.
+func (n *NVML) reinit() error {
+	_ = n.lib.Shutdown()
+	if ret := n.lib.Init(); ret != nvml.SUCCESS {
+		return fmt.Errorf("initialising NVML again: %s", n.lib.ErrorString(ret))
+	}
+	if driver, ret := n.lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		n.driver = driver
+	}
+	return nil
 }
 
 // busID returns the PCI bus ID in sysfs form, e.g. "0000:07:00.0".
@@ -127,9 +164,10 @@ func (n *NVML) numaNode(busID string) int {
 	return v
 }
 
-// WatchXIDs reports every XID error NVML raises on the node's cards, until
-// ctx ends; report classifies them. A card that cannot deliver events is
-// skipped (its health still comes from each scan).
+// WatchXIDs reports every XID error NVML raises on the cards present when it
+// starts, until ctx ends or NVML fails; report classifies them. A card that
+// cannot deliver events is skipped (its health still comes from each scan).
+// The agent starts it again when the cards change or it has stopped.
 func (n *NVML) WatchXIDs(ctx context.Context, report func(uuid string, xid uint64)) error {
 	set, ret := n.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {

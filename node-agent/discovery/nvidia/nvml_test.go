@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -156,5 +157,78 @@ func TestWatchXIDs(t *testing.T) {
 	}
 	if diff := cmp.Diff([]xid{{"GPU-0", 79}, {"GPU-1", 13}}, got, cmp.AllowUnexported(xid{})); diff != "" {
 		t.Errorf("reported XIDs (-want,+got):\n%s", diff)
+	}
+}
+
+// TestCardOffTheBus: a card NVML stops answering for is reported unhealthy
+// under its last good reading; the other cards are kept as they are.
+func TestCardOffTheBus(t *testing.T) {
+	server := dgxa100.New()
+	handle := server.DeviceGetHandleByIndexFunc
+	lost := map[int]bool{}
+	server.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		if lost[i] {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return handle(i)
+	}
+	n, err := New(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := n.Cards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost[3] = true
+	after, err := n.Cards()
+	if err != nil {
+		t.Fatalf("one lost card failed the scan: %v", err)
+	}
+	want := slices.Clone(before)
+	want[3].Healthy = false
+	if diff := cmp.Diff(want, after); diff != "" {
+		t.Errorf("cards after card 3 fell off the bus (-want,+got):\n%s", diff)
+	}
+
+	// A card never read is left out, not invented.
+	fresh, err := New(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cards, err := fresh.Cards()
+	if err != nil || len(cards) != 7 || slices.ContainsFunc(cards, func(c discovery.Card) bool { return c.Index == 3 }) {
+		t.Errorf("a fresh scan with card 3 lost: %d cards, %v", len(cards), err)
+	}
+}
+
+// TestNVMLInitialisedAgain: when NVML stops answering (a driver reload), the
+// backend shuts it down and initialises it again instead of failing every
+// scan until the agent restarts.
+func TestNVMLInitialisedAgain(t *testing.T) {
+	server := dgxa100.New()
+	count, initialise := server.DeviceGetCountFunc, server.InitFunc
+	inits, reloaded := 0, false
+	server.InitFunc = func() nvml.Return {
+		inits++
+		if inits > 1 {
+			reloaded = true
+		}
+		return initialise()
+	}
+	server.ShutdownFunc = func() nvml.Return { return nvml.SUCCESS }
+	server.DeviceGetCountFunc = func() (int, nvml.Return) {
+		if !reloaded {
+			return 0, nvml.ERROR_UNINITIALIZED
+		}
+		return count()
+	}
+	n, err := New(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cards, err := n.Cards()
+	if err != nil || len(cards) != 8 || inits != 2 {
+		t.Errorf("after NVML stopped answering: %d cards, %v, %d initialisations; want 8 cards after a second one", len(cards), err, inits)
 	}
 }
