@@ -47,7 +47,9 @@ func SimulatedInventory(node string, spec CardSpec, count int) (*gpuinfo.Invento
 // same code, and pass the same admission policies, as on a real node. The
 // returned agent keeps the heartbeat going when Run.
 func (cp *ControlPlane) AddSimulatedNode(ctx context.Context, name string, spec CardSpec, count int, labels map[string]string) (*agent.Agent, error) {
-	if _, err := CreateNode(ctx, cp.Client, name, labels); err != nil {
+	node := NewNode(name, labels)
+	AdvertiseGPUs(node, count)
+	if _, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
 	backend, err := discovery.NewSimulated(name, fmt.Sprintf("%dx%s", count, spec))
@@ -82,6 +84,14 @@ func (cp *ControlPlane) PublishInventory(ctx context.Context, node, raw string) 
 	return err
 }
 
+// AdvertiseGPUs sets the card-count resource in the node's capacity, as the
+// node agent's device plugin makes kubelet advertise it for cards cards.
+func AdvertiseGPUs(node *v1.Node, cards int) {
+	units := *resource.NewQuantity(int64(cards*gpuinfo.DefaultSplitCount), resource.DecimalSI)
+	node.Status.Capacity[gpuinfo.DefaultResourceNames().GPU] = units
+	node.Status.Allocatable[gpuinfo.DefaultResourceNames().GPU] = units
+}
+
 // CreateNode creates NewNode(name, labels).
 func CreateNode(ctx context.Context, client kubernetes.Interface, name string, labels map[string]string) (*v1.Node, error) {
 	return client.CoreV1().Nodes().Create(ctx, NewNode(name, labels), metav1.CreateOptions{})
@@ -104,6 +114,6 @@ func NewNode(name string, labels map[string]string) *v1.Node {
 		v1.ResourceMemory: resource.MustParse("512Gi"),
 		v1.ResourcePods:   resource.MustParse("110"),
 	}
-	node.Status.Capacity, node.Status.Allocatable = capacity, capacity
+	node.Status.Capacity, node.Status.Allocatable = capacity, capacity.DeepCopy()
 	return node
 }

@@ -46,6 +46,11 @@ const (
 	// MaxCardMemoryMiB bounds the memory one card may report or one container
 	// may ask for on one card (1 TiB).
 	MaxCardMemoryMiB = 1 << 20
+	// DefaultSplitCount is how many units of the card-count resource
+	// (tessera.io/gpu) the node agent's device plugin advertises to kubelet
+	// per card by default: kubelet admits pods against cards × split, and
+	// the scheduler's NodeResourcesFit counts the same resource.
+	DefaultSplitCount = 10
 	// MaxAnnotationBytes bounds the size of an inventory or assignment
 	// annotation that is decoded at all.
 	MaxAnnotationBytes = 64 << 10

@@ -31,14 +31,17 @@ var neverPreempt = v1.PreemptNever
 // node builds the Kubernetes node of a trace node, with the inventory its
 // agent would publish.
 func node(n trace.Node) (*v1.Node, error) {
-	raw, err := n.Inventory().Encode()
+	inv := n.Inventory()
+	raw, err := inv.Encode()
 	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", n.Name, err)
 	}
+	// The card count as the agent's device plugin advertises it to kubelet.
 	alloc := v1.ResourceList{
 		v1.ResourceCPU:    *resource.NewMilliQuantity(n.CPUMilli, resource.DecimalSI),
 		v1.ResourceMemory: *resource.NewQuantity(n.MemoryMiB<<20, resource.BinarySI),
 		v1.ResourcePods:   *resource.NewQuantity(maxPodsPerNode, resource.DecimalSI),
+		gpuinfo.DefaultResourceNames().GPU: *resource.NewQuantity(int64(len(inv.Cards)*gpuinfo.DefaultSplitCount), resource.DecimalSI),
 	}
 	return &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{

@@ -25,7 +25,7 @@ import (
 // agent, and the scheduler on what it published.
 func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 	e := newEnv(t)
-	name := e.plainNode("agent")
+	name := e.agentNode("agent", 3)
 	// The scheduler reads this Lease: the clock must be near the real one.
 	clock := time.Now().Truncate(time.Second)
 	pub := &publish.Publisher{Client: e.agentClient(name), NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second, Now: func() time.Time { return clock }}

@@ -85,7 +85,7 @@ func freePort(t *testing.T) int {
 // nothing beyond it.
 func TestInstalledIdentities(t *testing.T) {
 	e := newEnv(t)
-	node := e.plainNode("gpu")
+	node := e.agentNode("gpu", 2)
 	other := e.node("other", cluster.L4, 1, nil)
 
 	// The agent's pod, as the DaemonSet would place it on the node.

@@ -135,6 +135,20 @@ func (e *env) plainNode(suffix string) string {
 	return name
 }
 
+// agentNode creates a node whose kubelet advertises cards cards through the
+// agent's device plugin, but whose inventory the test publishes itself.
+func (e *env) agentNode(suffix string, cards int) string {
+	e.tCtx.Helper()
+	name := e.ns + "-" + suffix
+	node := cluster.NewNode(name, nil)
+	cluster.AdvertiseGPUs(node, cards)
+	if _, err := e.client.CoreV1().Nodes().Create(e.tCtx, node, metav1.CreateOptions{}); err != nil {
+		e.tCtx.Fatal(err)
+	}
+	e.nodes = append(e.nodes, name)
+	return name
+}
+
 // publishInventory writes raw as the node's inventory, as its agent.
 func (e *env) publishInventory(node, raw string) {
 	e.tCtx.Helper()

@@ -220,3 +220,23 @@ func TestFinishedPodsFreeTheirCards(t *testing.T) {
 		})
 	}
 }
+
+// TestCardCountAgreesWithKubelet: kubelet admits pods that ask for the card
+// count (tessera.io/gpu) against what the agent's device plugin advertises,
+// cards × split; the scheduler holds to the same count instead of placing a
+// pod kubelet would then reject.
+func TestCardCountAgreesWithKubelet(t *testing.T) {
+	e := newEnv(t)
+	e.node("a", cluster.A100, 1, nil) // advertises 1 × 10 units
+	e.startScheduler()
+	var names []string
+	for i := 0; i < gpuinfo.DefaultSplitCount; i++ {
+		names = append(names, fmt.Sprint("share-", i))
+		e.create(e.podSpec(names[i], "tessera-binpack", map[string]int64{"tessera.io/gpu": 1, "tessera.io/gpu-memory": 1024}))
+	}
+	e.waitBound(30*time.Second, names...)
+	e.create(e.podSpec("one-too-many", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1, "tessera.io/gpu-memory": 1024}))
+	if msg := e.waitUnschedulable("one-too-many"); !strings.Contains(msg, "Insufficient tessera.io/gpu") {
+		t.Errorf("message %q does not name the exhausted card count", msg)
+	}
+}

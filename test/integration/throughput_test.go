@@ -195,6 +195,8 @@ func createThroughputNodes(tCtx ktesting.TContext, n int) []string {
 	err := parallel(n, func(i int) error {
 		names[i] = fmt.Sprintf("tp-%05d", i)
 		node := cluster.NewNode(names[i], nil)
+		cluster.AdvertiseGPUs(node, 8)
+		node.Status.Capacity[vanillaGPU] = resource.MustParse("8")
 		node.Status.Allocatable[vanillaGPU] = resource.MustParse("8")
 		if _, err := controlPlane.Client.CoreV1().Nodes().Create(tCtx, node, metav1.CreateOptions{}); err != nil {
 			return err

@@ -43,7 +43,7 @@ func main() {
 	pluginDir := flag.String("device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory; empty disables the device plugin")
 	resourceName := flag.String("resource-name", "", "resource the device plugin advertises (default: the GPU resource of --scheduler-config, tessera.io/gpu)")
 	schedulerConfig := flag.String("scheduler-config", "", "the scheduler's KubeSchedulerConfiguration file: pods are read with the resource names its GPUShare args give (default: Tessera's names)")
-	split := flag.Int("split-count", 10, "devices advertised per card (how many containers may share one)")
+	split := flag.Int("split-count", gpuinfo.DefaultSplitCount, "units of the GPU resource advertised to kubelet per card: kubelet admits pods asking for that resource against cards × this, and the scheduler counts the same (pods asking only memory or compute shares use none)")
 	nriSocket := flag.String("nri-socket", "/var/run/nri/nri.sock", "the container runtime's NRI socket; empty disables enforcement")
 	paths := enforce.DefaultPaths()
 	flag.StringVar(&paths.HostLibrary, "vgpu-library", paths.HostLibrary, "host path of HAMi-core's libvgpu.so")
