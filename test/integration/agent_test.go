@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -279,5 +280,93 @@ func TestAgentPublishesUnreadableCardsUnhealthy(t *testing.T) {
 	lease, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, gpuinfo.AgentLeasePrefix+name, metav1.GetOptions{})
 	if err != nil || lease.Spec.RenewTime == nil {
 		t.Errorf("no heartbeat after the failed scan: %v", err)
+	}
+}
+
+// xidBackend is a simulated backend whose cards can change and which
+// delivers XID events the test injects, recording each watch it starts.
+type xidBackend struct {
+	mu      sync.Mutex
+	backend discovery.Backend
+	watches []chan func(uuid string, xid uint64)
+}
+
+func (b *xidBackend) Name() string { return "xid-test" }
+func (b *xidBackend) Close() error { return nil }
+func (b *xidBackend) Cards() ([]discovery.Card, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.backend.Cards()
+}
+
+func (b *xidBackend) WatchXIDs(ctx context.Context, report func(uuid string, xid uint64)) error {
+	ch := make(chan func(string, uint64), 1)
+	ch <- report
+	b.mu.Lock()
+	b.watches = append(b.watches, ch)
+	b.mu.Unlock()
+	<-ctx.Done()
+	return nil
+}
+
+// watch returns the report function of the n-th watch, once it started.
+func (b *xidBackend) watch(e *env, n int) func(string, uint64) {
+	var report func(string, uint64)
+	e.waitFor(10*time.Second, fmt.Sprint("XID watch ", n), func() (bool, error) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if len(b.watches) <= n {
+			return false, nil
+		}
+		select {
+		case report = <-b.watches[n]:
+		default:
+		}
+		return report != nil, nil
+	})
+	return report
+}
+
+// TestXIDWatchFollowsTheCards: a card that appears after the agent started
+// is watched for XIDs too, and its critical XID is published.
+func TestXIDWatchFollowsTheCards(t *testing.T) {
+	e := newEnv(t)
+	name := e.agentNode("xid", 2)
+	sim := func(spec string) discovery.Backend {
+		b, err := discovery.NewSimulated(name, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	backend := &xidBackend{backend: sim("1xL4-24GB")}
+	a := &agent.Agent{
+		Backend:   backend,
+		Health:    health.NewTracker(10*time.Minute, time.Now),
+		Publisher: &publish.Publisher{Client: e.agentClient(name), NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second},
+	}
+	ctx, cancel := context.WithCancel(e.tCtx)
+	defer cancel()
+	if err := a.Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backend.watch(e, 0)
+	backend.mu.Lock()
+	backend.backend = sim("2xL4-24GB") // hot-plug
+	backend.mu.Unlock()
+	if err := a.Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backend.watch(e, 1)("GPU-sim-"+name+"-1", 79)
+	if err := a.Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	node, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := gpuinfo.DecodeInventory(node.Annotations[gpuinfo.InventoryAnnotation])
+	if err != nil || len(inv.Cards) != 2 || !inv.Cards[0].Healthy || inv.Cards[1].Healthy {
+		t.Errorf("inventory after an XID on the new card = %+v, %v; want card 1 unhealthy", inv, err)
 	}
 }
