@@ -38,9 +38,9 @@ func node(n trace.Node) (*v1.Node, error) {
 	}
 	// The card count as the agent's device plugin advertises it to kubelet.
 	alloc := v1.ResourceList{
-		v1.ResourceCPU:    *resource.NewMilliQuantity(n.CPUMilli, resource.DecimalSI),
-		v1.ResourceMemory: *resource.NewQuantity(n.MemoryMiB<<20, resource.BinarySI),
-		v1.ResourcePods:   *resource.NewQuantity(maxPodsPerNode, resource.DecimalSI),
+		v1.ResourceCPU:                     *resource.NewMilliQuantity(n.CPUMilli, resource.DecimalSI),
+		v1.ResourceMemory:                  *resource.NewQuantity(n.MemoryMiB<<20, resource.BinarySI),
+		v1.ResourcePods:                    *resource.NewQuantity(maxPodsPerNode, resource.DecimalSI),
 		gpuinfo.DefaultResourceNames().GPU: *resource.NewQuantity(int64(len(inv.Cards)*gpuinfo.DefaultSplitCount), resource.DecimalSI),
 	}
 	return &v1.Node{
