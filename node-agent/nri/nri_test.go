@@ -89,6 +89,14 @@ func (r *runtimeSide) create(ctx context.Context, namespace, name, uid string) (
 	return resp.GetAdjust(), nil
 }
 
+// checkGetsGPU0 fails the test unless pod p0's container gets card GPU-0.
+func (r *runtimeSide) checkGetsGPU0(tCtx ktesting.TContext, when string) {
+	r.t.Helper()
+	if adj, err := r.create(tCtx, "ns", "p0", "uid-p0"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0" {
+		r.t.Errorf("%s: pod p0 got %v, %v; want card GPU-0", when, adj, err)
+	}
+}
+
 func env(adj *api.ContainerAdjustment) map[string]string {
 	m := map[string]string{}
 	for _, kv := range adj.GetEnv() {
@@ -207,9 +215,7 @@ func TestNRIAnswersWithinTheRuntimeTimeout(t *testing.T) {
 	if plugin.NotReady() != "" {
 		t.Errorf("the runtime dropped the plugin: %s", plugin.NotReady())
 	}
-	if adj, err := runtime.create(tCtx, "ns", "p0", "uid-p0"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0" {
-		t.Errorf("after the refusal, a known pod got %v, %v", adj, err)
-	}
+	runtime.checkGetsGPU0(tCtx, "after the refusal")
 }
 
 // TestNRIFailsClosedWhileStarting: registered before its pod cache syncs,
@@ -232,9 +238,7 @@ func TestNRIFailsClosedWhileStarting(t *testing.T) {
 	}
 	plugin.SetPods(podMap(gpuPod("p0", "GPU-0")))
 	waitReady(tCtx, plugin, true)
-	if adj, err := runtime.create(tCtx, "ns", "p0", "uid-p0"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0" {
-		t.Errorf("after the sync: %v, %v", adj, err)
-	}
+	runtime.checkGetsGPU0(tCtx, "after the sync")
 }
 
 // TestNRIReconnects: when the runtime goes away (a containerd restart) the
@@ -280,7 +284,5 @@ func TestNRIReconnects(t *testing.T) {
 	second := startRuntime(t, dir)
 	t.Cleanup(second.Stop)
 	waitReady(tCtx, plugin, true)
-	if adj, err := second.create(tCtx, "ns", "p0", "uid-p0"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "GPU-0" {
-		t.Errorf("after reconnecting: %v, %v", adj, err)
-	}
+	second.checkGetsGPU0(tCtx, "after reconnecting")
 }
