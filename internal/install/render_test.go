@@ -46,6 +46,7 @@ func TestBaseRenders(t *testing.T) {
 	cm := find(t, objs, "ConfigMap", manifests.SchedulerConfigMap)
 	want := []string{
 		"Namespace /tessera-system",
+		"CustomResourceDefinition /gpureservations.tessera.io",
 		"ServiceAccount tessera-system/tessera-scheduler",
 		"ServiceAccount tessera-system/tessera-node-agent",
 		"Role tessera-system/tessera-scheduler",

@@ -35,6 +35,9 @@ type Strategy struct {
 	// CPUFreeMilli is the node's unrequested CPU and CPUMilli the pod's CPU
 	// request; both count only with a Workload.
 	CPUFreeMilli, CPUMilli int64
+	// Reserve is how many entirely free healthy cards of the node the pod
+	// must leave entirely free (capacity reserved for other pods).
+	Reserve int
 }
 
 // Usage is an amount of memory and compute on one card.

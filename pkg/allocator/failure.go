@@ -21,6 +21,9 @@ const (
 	// InMIGMode: cards match and none is usable; some are in MIG mode, which
 	// Tessera does not place pods on yet.
 	InMIGMode
+	// Reserved: the pod would fit but for the cards reserved for other pods
+	// (Strategy.Reserve).
+	Reserved
 )
 
 // Failure details why a pod does not fit.
@@ -33,6 +36,8 @@ type Failure struct {
 	// MostFree is the most memory and compute any remaining eligible card
 	// had free for the container.
 	MostFree Usage
+	// Reserved is how many cards were reserved (Reserved).
+	Reserved int
 }
 
 // Message describes the failure for an operator, e.g.
@@ -49,6 +54,8 @@ func (f *Failure) Message(selector string) string {
 		return "no healthy GPU"
 	case InMIGMode:
 		return "GPUs in MIG mode (not supported yet)"
+	case Reserved:
+		return strconv.Itoa(f.Reserved) + " GPUs reserved for other pods"
 	case TooFewCards:
 		if f.Fit > 0 {
 			b := strconv.AppendInt([]byte("needs "), int64(f.Container.Count), 10)

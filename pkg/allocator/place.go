@@ -84,6 +84,48 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	case eligible == 0:
 		return Outcome{Failure: Failure{Kind: NoHealthyCard}}
 	}
+	if reserved := s.reserve(cards[:n], st.Reserve); reserved > 0 {
+		if o := s.place(cards, req, st, out); o.Fits {
+			return o
+		}
+		// Kept out by the reservation, or by the node itself?
+		withAll := Place(cards, used, deltas, req, Strategy{Policy: st.Policy}, nil)
+		if withAll.Fits {
+			return Outcome{Failure: Failure{Kind: Reserved, Reserved: st.Reserve}}
+		}
+		return withAll
+	}
+	return s.place(cards, req, st, out)
+}
+
+// reserve takes out of the pod's reach enough of the entirely free healthy
+// cards that keep entirely free stays at least keep: first those the pod
+// could not use anyway, then the highest-indexed ones it could. It returns
+// how many it took from the pod.
+func (s *scratch) reserve(cards []Card, keep int) int {
+	if keep <= 0 {
+		return 0
+	}
+	for i := range cards {
+		if cards[i].Healthy && s.free[i] == cards[i].Capacity && !s.eligible[i] {
+			keep--
+		}
+	}
+	taken := 0
+	for i := len(cards) - 1; i >= 0 && keep > 0; i-- {
+		if s.eligible[i] && s.free[i] == cards[i].Capacity {
+			s.eligible[i] = false
+			keep--
+			taken++
+		}
+	}
+	return taken
+}
+
+// place places every container on the eligible cards and measures the
+// outcome.
+func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out *gpuinfo.Assignment) Outcome {
+	n := len(cards)
 	w := st.Workload
 	if w != nil {
 		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli)

@@ -287,3 +287,45 @@ func TestMIGCardsGetNoPods(t *testing.T) {
 		t.Errorf("on a node of MIG cards: fits %v, failure %+v %q", o.Fits, o.Failure, o.Failure.Message(""))
 	}
 }
+
+// TestReserve: a pod must leave Strategy.Reserve entirely free cards free:
+// it takes room elsewhere when there is some, counts free cards it could not
+// use anyway, and fails with Reserved only when the reservation is what
+// keeps it out.
+func TestReserve(t *testing.T) {
+	whole := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, Cores: gpuinfo.FullCores}}}
+	small := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 10)}}
+	onA100 := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 2, Cores: gpuinfo.FullCores}}, Selector: gpuinfo.Selector{Models: []string{"a100"}}}
+	mixed := testutil.Inventory("n", "T4", 16384, 4)
+	mixed.Cards[2].Model, mixed.Cards[3].Model = "A100", "A100"
+	for _, tc := range []struct {
+		name     string
+		inv      *gpuinfo.Inventory
+		used     []allocator.Usage
+		req      *gpuinfo.PodRequest
+		reserve  int
+		wantKind allocator.FailureKind // 0: fits
+		wantCard int
+	}{
+		{name: "whole card beside two reserved", inv: testutil.Inventory("n", "A100", 81920, 4), used: make([]allocator.Usage, 4), req: whole, reserve: 2, wantCard: 0},
+		{name: "the reserved cards stay free", inv: testutil.Inventory("n", "A100", 81920, 4), used: []allocator.Usage{{Cores: 100, MemoryMiB: 81920}, {Cores: 100, MemoryMiB: 81920}, {}, {}}, req: whole, reserve: 2, wantKind: allocator.Reserved},
+		{name: "a share goes to a used card", inv: testutil.Inventory("n", "A100", 81920, 4), used: []allocator.Usage{{}, {}, {MemoryMiB: 1024}, {}}, req: small, reserve: 3, wantCard: 2},
+		{name: "nothing but reserved cards", inv: testutil.Inventory("n", "A100", 81920, 4), used: make([]allocator.Usage, 4), req: small, reserve: 4, wantKind: allocator.Reserved},
+		{name: "free cards the pod cannot use count as kept", inv: mixed, used: make([]allocator.Usage, 4), req: onA100, reserve: 2, wantCard: 2},
+		{name: "too large anyway: the node's own reason", inv: testutil.Inventory("n", "A100", 81920, 4), used: []allocator.Usage{{}, {}, {}, {}}, req: &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 90000, 0)}}, reserve: 1, wantKind: allocator.NoCapacity},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+			o := allocator.Place(allocator.NewCards(tc.inv), tc.used, nil, tc.req, allocator.Strategy{Policy: allocator.Binpack, Reserve: tc.reserve}, out)
+			if tc.wantKind != 0 {
+				if o.Fits || o.Failure.Kind != tc.wantKind {
+					t.Fatalf("fits %v, failure %+v; want failure kind %d", o.Fits, o.Failure, tc.wantKind)
+				}
+				return
+			}
+			if !o.Fits || out.Containers["c"][0].Index != tc.wantCard {
+				t.Fatalf("fits %v (%+v), placed %+v; want card %d first", o.Fits, o.Failure, out.Containers["c"], tc.wantCard)
+			}
+		})
+	}
+}

@@ -34,6 +34,7 @@ const (
 // is taken for every other.
 type feed struct {
 	heartbeats
+	reservations
 	// agentNamespace is where the agents' Leases are watched.
 	agentNamespace string
 	ledger         *ledger.Ledger
@@ -95,6 +96,13 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, e
 		return nil, fmt.Errorf("%s: watching agent leases: %w", Name, err)
 	}
 	f.handlers = []cache.ResourceEventHandlerRegistration{nodes, pods, leases}
+	reservations, err := f.watchReservations(ctx, h.KubeConfig())
+	if err != nil {
+		return nil, fmt.Errorf("%s: watching GPU reservations: %w", Name, err)
+	}
+	if reservations != nil {
+		f.handlers = append(f.handlers, reservations)
+	}
 	feeds[factory] = f
 	return f, nil
 }

@@ -36,12 +36,15 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 		p.wait(node, pod)
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentUnreadyMessage(node, reason))
 	}
-	out, err := p.fit(s, nodeInfo, allocator.Strategy{Policy: p.gpuPolicy})
+	out, err := p.fit(s, nodeInfo, allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
 	switch {
 	case err != nil:
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
 	case out.Fits:
 		return nil
+	case out.Failure.Kind == allocator.Reserved:
+		p.wait(reservationsWaitKey, pod)
+		return fwk.NewStatus(fwk.Unschedulable, reservedReason(s.reservations, nodeInfo.Node()))
 	}
 	return fwk.NewStatus(failureCode(out.Failure.Kind), out.Failure.Message(s.selector))
 }

@@ -27,11 +27,16 @@ func (p *Plugin) usesWorkload() bool {
 	return p.nodePolicy == allocator.FragmentationAware || p.gpuPolicy == allocator.FragmentationAware
 }
 
-// strategy is the card policy for a node, with the workload and the node's
-// CPU when the policies measure fragmentation (w is nil otherwise).
-func (p *Plugin) strategy(w *allocator.Workload, nodeInfo fwk.NodeInfo, cpuMilli int64) allocator.Strategy {
+// strategy is the card policy for a node, with the cards reservations keep
+// from the pod, and with the workload and the node's CPU when the policies
+// measure fragmentation (w is nil otherwise).
+func (p *Plugin) strategy(w *allocator.Workload, reserved []*reservation, nodeInfo fwk.NodeInfo, cpuMilli int64) allocator.Strategy {
 	st := allocator.Strategy{Policy: p.gpuPolicy}
-	if w == nil || nodeInfo == nil {
+	if nodeInfo == nil {
+		return st
+	}
+	st.Reserve = reservedOn(reserved, nodeInfo.Node())
+	if w == nil {
 		return st
 	}
 	st.Workload, st.CPUMilli = w, cpuMilli

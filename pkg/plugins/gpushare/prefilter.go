@@ -29,7 +29,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// The learner counts each pod once, here in the scheduling cycle, so a
 	// replay is deterministic.
 	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
-	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: req.Selector.String()})
+	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: req.Selector.String(), reservations: p.reservations.against(pod)})
 	return nil, nil
 }
 
@@ -72,7 +72,8 @@ func (p *Plugin) AddPod(ctx context.Context, state fwk.CycleState, _ *v1.Pod, po
 	if err != nil || req == nil {
 		return nil
 	}
-	d, ok := p.ledger.Simulate(nodeName, gpuinfo.ContainerOrder(added), req, s.deltas[nodeName], allocator.Strategy{Policy: p.gpuPolicy})
+	st := allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(p.reservations.against(added), nodeInfo.Node())}
+	d, ok := p.ledger.Simulate(nodeName, gpuinfo.ContainerOrder(added), req, s.deltas[nodeName], st)
 	if !ok {
 		klog.FromContext(ctx).V(4).Info("Nominated pod does not fit its node's GPUs", "pod", klog.KObj(added), "node", nodeName)
 		return nil

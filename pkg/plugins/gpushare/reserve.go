@@ -18,9 +18,13 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return nil
 	}
 	st := allocator.Strategy{Policy: p.gpuPolicy}
-	if lister := p.handle.SnapshotSharedLister(); lister != nil && p.gpuPolicy == allocator.FragmentationAware {
+	if lister := p.handle.SnapshotSharedLister(); lister != nil {
 		if nodeInfo, err := lister.NodeInfos().Get(nodeName); err == nil {
-			st = p.strategy(p.learner.Workload(), nodeInfo, podCPUMilli(pod))
+			var w *allocator.Workload
+			if p.gpuPolicy == allocator.FragmentationAware {
+				w = p.learner.Workload()
+			}
+			st = p.strategy(w, s.reservations, nodeInfo, podCPUMilli(pod))
 		}
 	}
 	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, st)

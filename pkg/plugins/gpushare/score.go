@@ -40,13 +40,13 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 		if c == nil {
 			return 0, nil
 		}
-		out, err := p.ledger.FitWithoutGPU(nodeInfo.Node().Name, p.strategy(c.workload, nodeInfo, c.cpuMilli))
+		out, err := p.ledger.FitWithoutGPU(nodeInfo.Node().Name, p.strategy(c.workload, nil, nodeInfo, c.cpuMilli))
 		if err != nil {
 			return 0, nil
 		}
 		return fragmentationScore(out), nil
 	}
-	out, err := p.fit(s, nodeInfo, p.strategy(s.workload, nodeInfo, s.cpuMilli))
+	out, err := p.fit(s, nodeInfo, p.strategy(s.workload, s.reservations, nodeInfo, s.cpuMilli))
 	if err != nil || !out.Fits {
 		return 0, nil
 	}

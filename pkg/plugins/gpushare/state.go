@@ -17,6 +17,8 @@ type cycleState struct {
 	req      *gpuinfo.PodRequest
 	order    []gpuinfo.NamedContainer
 	selector string
+	// reservations keep cards from the pod (nil for most pods).
+	reservations []*reservation
 	// deltas adjusts the ledger per node; nil unless AddPod/RemovePod ran.
 	deltas     map[string][]allocator.Delta
 	assignment *gpuinfo.Assignment

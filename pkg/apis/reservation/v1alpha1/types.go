@@ -1,0 +1,40 @@
+// Package v1alpha1 holds the GPUReservation API (tessera.io/v1alpha1): GPU
+// capacity an operator keeps back for critical pods. The CRD is in
+// manifests/base/crds; the scheduler plugin reads these objects.
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Resource is the GPUReservation resource.
+var Resource = schema.GroupVersionResource{Group: "tessera.io", Version: "v1alpha1", Resource: "gpureservations"}
+
+// GPUReservation keeps whole cards entirely free on the nodes it selects,
+// for the pods it names: other pods see those cards as taken. Critical pods
+// then start at once, without evicting anyone.
+type GPUReservation struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              GPUReservationSpec `json:"spec"`
+}
+
+// GPUReservationSpec says where, how much and for whom.
+type GPUReservationSpec struct {
+	// NodeSelector selects the nodes; empty selects every GPU node.
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+	// Cards is how many whole cards to keep entirely free on each selected
+	// node (1-64).
+	Cards int32 `json:"cards"`
+	// For names the pods that may use the reserved cards.
+	For ReservedFor `json:"for"`
+}
+
+// ReservedFor names pods by priority, namespace, or both (either suffices).
+type ReservedFor struct {
+	// MinPriority admits pods whose priority is at least this.
+	MinPriority *int32 `json:"minPriority,omitempty"`
+	// Namespaces admits pods in these namespaces.
+	Namespaces []string `json:"namespaces,omitempty"`
+}
