@@ -97,7 +97,8 @@ func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) 
 	return cp, nil
 }
 
-// install applies the manifests' base and waits for its admission policies.
+// install applies the manifests' base and waits for its resource and its
+// admission policies.
 func (cp *ControlPlane) install() error {
 	objs, err := install.Render(install.Base)
 	if err != nil {
@@ -110,6 +111,9 @@ func (cp *ControlPlane) install() error {
 	defer cancel()
 	if err := install.Apply(ctx, cp.Config, objs); err != nil {
 		return fmt.Errorf("installing the manifests: %w", err)
+	}
+	if err := install.WaitServed(ctx, cp.Config, time.Minute); err != nil {
+		return err
 	}
 	return install.WaitEnforced(ctx, cp.Config, gpuinfo.DefaultResourceNames(), time.Minute)
 }

@@ -3,6 +3,7 @@ package install
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -11,10 +12,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/tessera-gpu/tessera/manifests"
+	reservationv1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -25,6 +28,25 @@ const (
 	PolicyGPUInventory          = "tessera-gpu-inventory"
 	PolicyAgentLeases           = "tessera-agent-leases"
 )
+
+// WaitServed waits until the API server serves the GPUReservation resource
+// the manifests define: a CRD is served a moment after it is created, and a
+// scheduler started before that would run without reservations.
+func WaitServed(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	gv := reservationv1alpha1.Resource.GroupVersion().String()
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		served, err := disco.ServerResourcesForGroupVersion(gv)
+		return err == nil && slices.ContainsFunc(served.APIResources, func(r metav1.APIResource) bool { return r.Name == reservationv1alpha1.Resource.Resource }), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s is not served after %v", reservationv1alpha1.Resource, timeout)
+	}
+	return nil
+}
 
 // DeniedBy reports whether err is the API server's refusal by the named
 // admission policy.
