@@ -24,6 +24,7 @@ import (
 // Priority classes the preemption tests use.
 const (
 	lowPriority  = "tessera-test-low"
+	midPriority  = "tessera-test-mid"
 	highPriority = "tessera-test-high"
 	// neverPreempts is high priority that never preempts.
 	neverPreempts = "tessera-test-high-never"
@@ -34,6 +35,7 @@ func (e *env) priorityClasses() {
 	e.tCtx.Helper()
 	for _, pc := range []schedulingv1.PriorityClass{
 		{ObjectMeta: metav1.ObjectMeta{Name: lowPriority}, Value: 100},
+		{ObjectMeta: metav1.ObjectMeta{Name: midPriority}, Value: 500},
 		{ObjectMeta: metav1.ObjectMeta{Name: highPriority}, Value: 1000},
 		{ObjectMeta: metav1.ObjectMeta{Name: neverPreempts}, Value: 1000, PreemptionPolicy: ptr.To(v1.PreemptNever)},
 	} {

@@ -1,0 +1,235 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// randomShapes are the GPU requests of the randomized preemption test.
+var randomShapes = []map[string]int64{
+	{"tessera.io/gpu": 1},
+	{"tessera.io/gpu": 2},
+	{"tessera.io/gpu-memory": 20480, "tessera.io/gpu-cores": 20},
+	{"tessera.io/gpu-memory": 40960, "tessera.io/gpu-cores": 40},
+}
+
+// TestRandomizedPreemption runs seeded rounds of arrivals at three
+// priorities and deletions over two nodes of four cards, lets each round
+// settle, and checks after it, against a recomputation from the API's
+// objects: no card is over-committed; every pod evicted was evicted for a
+// preemptor now bound on the victim's node; and no pending pod could be
+// placed by evicting only pods of lower priority than its own.
+func TestRandomizedPreemption(t *testing.T) {
+	for _, seed := range []int64{1, 2, 3} {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			e := newEnv(t)
+			e.priorityClasses()
+			e.node("a", cluster.A100, 4, nil)
+			e.node("b", cluster.A100, 4, nil)
+			e.startScheduler()
+			k := e.startKubelet()
+			r := rand.New(rand.NewSource(seed))
+			classes := []string{lowPriority, midPriority, highPriority}
+			next := 0
+			for round := 0; round < 5; round++ {
+				for i := 0; i < 4+r.Intn(4); i++ {
+					name := fmt.Sprintf("r%d-%d", round, next)
+					next++
+					e.create(e.prioritized(name, classes[r.Intn(len(classes))], randomShapes[r.Intn(len(randomShapes))]))
+				}
+				if pods := e.listPods(); len(pods) > 0 {
+					for i := 0; i < r.Intn(3); i++ {
+						e.deletePod(pods[r.Intn(len(pods))].Name)
+					}
+				}
+				pods := e.settleWithoutMissedPreemption()
+				e.checkNoOvercommit(t)
+				e.checkEvictionsServedPreemptors(t, k, pods)
+			}
+			t.Logf("pods evicted over the rounds: %d", len(k.evicted()))
+		})
+	}
+}
+
+func (e *env) listPods() []v1.Pod {
+	e.tCtx.Helper()
+	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	return pods.Items
+}
+
+// settle waits until every pod of the namespace is bound or marked
+// unschedulable without a nomination pending, and none is terminating, and
+// returns them.
+func (e *env) settle() []v1.Pod {
+	e.tCtx.Helper()
+	var pods []v1.Pod
+	e.waitFor(60*time.Second, "the round to settle", func() (bool, error) {
+		pods = e.listPods()
+		for _, p := range pods {
+			if p.DeletionTimestamp != nil || p.Spec.NodeName == "" && (p.Status.NominatedNodeName != "" || !unschedulable(&p)) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	return pods
+}
+
+func unschedulable(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+			return true
+		}
+	}
+	return false
+}
+
+// checkEvictionsServedPreemptors: every pod the kubelet saw evicted by
+// preemption has a Preempted Event naming its preemptor, which is bound to
+// the victim's node (or was deleted since by the test).
+func (e *env) checkEvictionsServedPreemptors(t *testing.T, k *kubelet, pods []v1.Pod) {
+	t.Helper()
+	events, err := e.client.EventsV1().Events(e.ns).List(e.tCtx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("reason", "Preempted").String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	preemptorOf := map[string]string{} // victim -> preemptor
+	for _, ev := range events.Items {
+		if ev.Related != nil {
+			preemptorOf[ev.Regarding.Name] = ev.Related.Name
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for victim, node := range k.terminated {
+		preemptor, ok := preemptorOf[victim]
+		if !ok {
+			continue // deleted by the test itself
+		}
+		i := slices.IndexFunc(pods, func(p v1.Pod) bool { return p.Name == preemptor })
+		if i >= 0 && pods[i].Spec.NodeName != node {
+			t.Errorf("%s was evicted from %s for %s, which is bound to %q", victim, node, preemptor, pods[i].Spec.NodeName)
+		}
+	}
+}
+
+// settleWithoutMissedPreemption waits until the round has settled and no
+// pending pod could be placed by evicting pods of lower priority (a pod
+// marked unschedulable may still be retried after the round's last event, so
+// this is waited for rather than checked once), and returns the pods.
+func (e *env) settleWithoutMissedPreemption() []v1.Pod {
+	e.tCtx.Helper()
+	var pods []v1.Pod
+	var missed []string
+	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		pods = e.settle()
+		missed = e.missedPreemptions(pods)
+		return len(missed) == 0, nil
+	})
+	if err != nil {
+		e.tCtx.Fatalf("pending pods that evicting lower-priority pods would place:\n%s", strings.Join(missed, "\n"))
+	}
+	return pods
+}
+
+// missedPreemptions lists the pending pods for which some node would offer
+// room once all pods of lower priority than their own were gone —
+// recomputed with the contract's rules, apart from the scheduler's code.
+func (e *env) missedPreemptions(pods []v1.Pod) []string {
+	t := e.tCtx
+	cards := map[string][]gpuinfo.Card{} // node -> cards
+	capacity := map[string]testutil.Use{}
+	for _, name := range e.nodes {
+		n, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := gpuinfo.DecodeInventory(n.Annotations[gpuinfo.InventoryAnnotation])
+		if err != nil {
+			t.Fatal(err)
+		}
+		cards[name] = inv.Cards
+		for _, c := range inv.Cards {
+			capacity[c.UUID] = testutil.Use{MemoryMiB: c.MemoryMiB, Cores: c.Cores}
+		}
+	}
+	var missed []string
+	for _, p := range pods {
+		if p.Spec.NodeName != "" {
+			continue
+		}
+		var kept []v1.Pod
+		for _, q := range pods {
+			if q.Spec.NodeName != "" && priority(&q) >= priority(&p) {
+				kept = append(kept, q)
+			}
+		}
+		held, err := testutil.HeldByPods(kept, capacity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for node, nodeCards := range cards {
+			if fitsBeside(&p, nodeCards, held) {
+				missed = append(missed, fmt.Sprintf("pod %s (priority %d), on %s: %s", p.Name, priority(&p), node, podMessage(&p)))
+			}
+		}
+	}
+	return missed
+}
+
+func priority(p *v1.Pod) int32 {
+	if p.Spec.Priority == nil {
+		return 0
+	}
+	return *p.Spec.Priority
+}
+
+func podMessage(p *v1.Pod) string {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.PodScheduled {
+			return c.Message
+		}
+	}
+	return ""
+}
+
+// fitsBeside reports whether the pod's one container (a randomShapes
+// request) fits on the node's cards beside what held takes: whole cards need
+// cards nothing holds, a share a card with its memory and compute free.
+func fitsBeside(p *v1.Pod, cards []gpuinfo.Card, held map[string]testutil.Use) bool {
+	limits := p.Spec.Containers[0].Resources.Limits
+	if n, ok := limits["tessera.io/gpu"]; ok {
+		free := 0
+		for _, c := range cards {
+			if held[c.UUID] == (testutil.Use{}) {
+				free++
+			}
+		}
+		return int64(free) >= n.Value()
+	}
+	memory, cores := limits["tessera.io/gpu-memory"], limits["tessera.io/gpu-cores"]
+	for _, c := range cards {
+		h := held[c.UUID]
+		if c.MemoryMiB-h.MemoryMiB >= memory.Value() && c.Cores-h.Cores >= cores.Value() {
+			return true
+		}
+	}
+	return false
+}
