@@ -5,6 +5,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -19,10 +20,13 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
@@ -107,6 +111,10 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	defer sched.Stop()
+	// The simulated nodes' kubelets confirm deletions (preemption victims).
+	kubeletCtx, stopKubelet := context.WithCancel(ctx)
+	kubelet, kubeletDone := cluster.StartKubelet(kubeletCtx, client, metav1.NamespaceDefault)
+	defer func() { stopKubelet(); <-kubeletDone }()
 	fmt.Fprintln(out, "Scheduler running as its ServiceAccount, with profiles tessera-binpack, tessera-spread and tessera-fragmentation-aware.")
 
 	names, err := submitExamples(ctx, client, o.examples)
@@ -114,9 +122,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "Submitted %d example pods from %s.\n\n", len(names), o.examples)
-	if err := waitSettled(ctx, client, names); err != nil {
-		return err
-	}
+	waitPreemptionsRecorded(ctx, client, kubelet)
 	table, err := render(ctx, client)
 	if err != nil {
 		return err
@@ -160,8 +166,11 @@ func quietLogs(path string) error {
 	return nil
 }
 
-// submitExamples creates every pod in the YAML files of dir, in file order,
-// in the default namespace, and returns their names.
+// submitExamples creates the objects in the YAML files of dir — pods, in
+// the default namespace, and the priority classes they use — file by file in
+// name order, waiting for each file's pods to settle before the next (so
+// that a later file can preempt an earlier one's pods), and returns the pods'
+// names.
 func submitExamples(ctx context.Context, client kubernetes.Interface, dir string) ([]string, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
@@ -177,42 +186,106 @@ func submitExamples(ctx context.Context, client kubernetes.Interface, dir string
 		if err != nil {
 			return nil, err
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+		var filePods []string
+		reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
 		for {
-			var pod v1.Pod
-			if err := dec.Decode(&pod); errors.Is(err, io.EOF) {
+			doc, err := reader.Read()
+			if errors.Is(err, io.EOF) {
 				break
 			} else if err != nil {
 				return nil, fmt.Errorf("%s: %w", f, err)
 			}
-			if pod.Name == "" {
+			if len(bytes.TrimSpace(doc)) == 0 {
 				continue
 			}
-			if _, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, &pod, metav1.CreateOptions{}); err != nil {
-				return nil, fmt.Errorf("%s: pod %s: %w", f, pod.Name, err)
+			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", f, err)
 			}
-			names = append(names, pod.Name)
+			switch o := obj.(type) {
+			case *v1.Pod:
+				if err := createPod(ctx, client, o); err != nil {
+					return nil, fmt.Errorf("%s: pod %s: %w", f, o.Name, err)
+				}
+				filePods = append(filePods, o.Name)
+			case *schedulingv1.PriorityClass:
+				if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, o, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+					return nil, fmt.Errorf("%s: priority class %s: %w", f, o.Name, err)
+				}
+			default:
+				return nil, fmt.Errorf("%s: the demo submits pods and priority classes, not %T", f, obj)
+			}
 		}
+		if err := waitSettled(ctx, client, filePods); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		names = append(names, filePods...)
 	}
 	return names, nil
 }
 
-// waitSettled waits until every named pod is bound or marked unschedulable.
+// createPod creates the pod in the default namespace. The API server's
+// Priority admission reads priority classes from an informer, so a pod naming
+// a class created a moment ago may be refused until the informer has seen it;
+// such refusals are retried for a few seconds.
+func createPod(ctx context.Context, client kubernetes.Interface, pod *v1.Pod) error {
+	var lastErr error
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, lastErr = client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, pod, metav1.CreateOptions{})
+		classNotSeenYet := apierrors.IsForbidden(lastErr) && pod.Spec.PriorityClassName != ""
+		return !classNotSeenYet, nil
+	})
+	if lastErr != nil {
+		return lastErr
+	}
+	return err
+}
+
+// waitPreemptionsRecorded waits until the scheduler's Preempted Events, which
+// it writes asynchronously, name every pod the kubelet saw evicted, so the
+// first table lists them all. It gives up after a few seconds: the table is
+// then drawn without the missing ones (events are best effort).
+func waitPreemptionsRecorded(ctx context.Context, client kubernetes.Interface, kubelet *cluster.Kubelet) {
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		evicted, _ := kubelet.Terminated()
+		recorded, err := cluster.Preemptions(ctx, client, metav1.NamespaceDefault)
+		if err != nil {
+			return false, nil
+		}
+		victims := map[string]bool{}
+		for _, p := range recorded {
+			victims[p.Victim] = true
+		}
+		for _, pod := range evicted {
+			if !victims[pod] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// waitSettled waits until every named pod is bound, marked unschedulable
+// with no preemption under way for it, or gone (a preemption victim).
 func waitSettled(ctx context.Context, client kubernetes.Interface, names []string) error {
 	return wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		for _, n := range names {
 			p, err := client.CoreV1().Pods(metav1.NamespaceDefault).Get(ctx, n, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				continue
+			}
 			if err != nil {
 				return false, err
 			}
 			if p.Spec.NodeName != "" {
 				continue
 			}
-			settled := false
+			settled := p.Status.NominatedNodeName == ""
+			unschedulable := false
 			for _, c := range p.Status.Conditions {
-				settled = settled || (c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse)
+				unschedulable = unschedulable || (c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse)
 			}
-			if !settled {
+			if !settled || !unschedulable {
 				return false, nil
 			}
 		}

@@ -28,6 +28,9 @@ func TestDemoOnce(t *testing.T) {
 		regexp.MustCompile(`(?m)^t4-node\s+\d\s+Tesla T4.*video-pipeline$`),
 		regexp.MustCompile(`default/too-big: .*no GPU has 163840 MiB free`),
 		regexp.MustCompile(`default/web on `),
+		// priority: the critical pod preempted one batch job and took its L4.
+		regexp.MustCompile(`(?m)^l4-node\s+\d\s+NVIDIA L4.*l4-critical$`),
+		regexp.MustCompile(`(?m)^  default/l4-batch-\d for default/l4-critical on l4-node$`),
 	} {
 		if !want.MatchString(got) {
 			t.Errorf("output does not match %s", want)

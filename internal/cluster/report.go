@@ -21,7 +21,8 @@ const barWidth = 16
 
 // WriteTable prints, from the API alone, every GPU node's cards with their
 // memory and compute in use and the pods holding them, then the pods still
-// pending and why, then bound pods without GPUs.
+// pending and why, the preemptions that happened, and bound pods without
+// GPUs.
 func WriteTable(ctx context.Context, client kubernetes.Interface, w io.Writer) error {
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -87,6 +88,16 @@ func WriteTable(ctx context.Context, client kubernetes.Interface, w io.Writer) e
 	sort.Strings(plain)
 	if len(pending) > 0 {
 		fmt.Fprintf(w, "\nPending:\n  %s\n", strings.Join(pending, "\n  "))
+	}
+	preemptions, err := Preemptions(ctx, client, metav1.NamespaceAll)
+	if err != nil {
+		return err
+	}
+	if len(preemptions) > 0 {
+		fmt.Fprintln(w, "\nPreempted:")
+		for _, p := range preemptions {
+			fmt.Fprintf(w, "  %s for %s on %s\n", p.Victim, p.Preemptor, p.Node)
+		}
 	}
 	if len(plain) > 0 {
 		fmt.Fprintf(w, "\nWithout GPUs:\n  %s\n", strings.Join(plain, "\n  "))

@@ -11,7 +11,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
@@ -51,14 +50,12 @@ func TestRandomizedPreemption(t *testing.T) {
 					next++
 					e.create(e.prioritized(name, classes[r.Intn(len(classes))], randomShapes[r.Intn(len(randomShapes))]))
 				}
-				if pods := e.listPods(); len(pods) > 0 {
-					for i := 0; i < r.Intn(3); i++ {
-						e.deletePod(pods[r.Intn(len(pods))].Name)
-					}
-				}
 				pods := e.settleWithoutMissedPreemption()
 				e.checkNoOvercommit(t)
 				e.checkEvictionsServedPreemptors(t, k, pods)
+				for i := 0; i < r.Intn(3) && len(pods) > 0; i++ {
+					e.deletePod(pods[r.Intn(len(pods))].Name)
+				}
 			}
 			t.Logf("pods evicted over the rounds: %d", len(k.evicted()))
 		})
@@ -101,31 +98,43 @@ func unschedulable(p *v1.Pod) bool {
 	return false
 }
 
-// checkEvictionsServedPreemptors: every pod the kubelet saw evicted by
-// preemption has a Preempted Event naming its preemptor, which is bound to
-// the victim's node (or was deleted since by the test).
-func (e *env) checkEvictionsServedPreemptors(t *testing.T, k *kubelet, pods []v1.Pod) {
+// checkEvictionsServedPreemptors: every pod the kubelet saw evicted (the
+// test deletes its own pods at once, so these are preemption victims) has a
+// Preempted Event naming its preemptor, which is bound to the victim's node
+// — unless the test has deleted the preemptor since, or a pod of higher
+// priority than the preemptor's, which may always take a nominated pod's
+// room, holds cards on that node.
+func (e *env) checkEvictionsServedPreemptors(t *testing.T, k kubelet, pods []v1.Pod) {
 	t.Helper()
-	events, err := e.client.EventsV1().Events(e.ns).List(e.tCtx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("reason", "Preempted").String()})
+	victims, nodes := k.Terminated()
+	var preemptions []cluster.Preemption
+	// Events are written asynchronously, and kube-scheduler's recorder may
+	// drop one: wait a while for every victim's, then check those there are.
+	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
+		var err error
+		preemptions, err = cluster.Preemptions(ctx, e.client, e.ns)
+		return err == nil && len(preemptions) >= len(victims), nil
+	})
 	if err != nil {
-		t.Fatal(err)
+		t.Logf("evicted %v; Preempted events found for %d of them", victims, len(preemptions))
 	}
-	preemptorOf := map[string]string{} // victim -> preemptor
-	for _, ev := range events.Items {
-		if ev.Related != nil {
-			preemptorOf[ev.Regarding.Name] = ev.Related.Name
-		}
+	if len(victims) > 0 && len(preemptions) == 0 {
+		t.Errorf("evicted %v, and no Preempted event names a preemptor", victims)
 	}
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for victim, node := range k.terminated {
-		preemptor, ok := preemptorOf[victim]
-		if !ok {
-			continue // deleted by the test itself
+	for _, p := range preemptions {
+		if node, ok := nodes[p.Victim]; ok && node != p.Node {
+			t.Errorf("%s ran on %s, its Preempted event says %s", p.Victim, node, p.Node)
 		}
-		i := slices.IndexFunc(pods, func(p v1.Pod) bool { return p.Name == preemptor })
-		if i >= 0 && pods[i].Spec.NodeName != node {
-			t.Errorf("%s was evicted from %s for %s, which is bound to %q", victim, node, preemptor, pods[i].Spec.NodeName)
+		name := p.Preemptor[strings.Index(p.Preemptor, "/")+1:]
+		i := slices.IndexFunc(pods, func(q v1.Pod) bool { return q.Name == name })
+		if i < 0 || pods[i].Spec.NodeName == p.Node {
+			continue
+		}
+		outranked := slices.ContainsFunc(pods, func(q v1.Pod) bool {
+			return q.Spec.NodeName == p.Node && priority(&q) > priority(&pods[i])
+		})
+		if !outranked {
+			t.Errorf("%s was evicted from %s for %s, which is bound to %q", p.Victim, p.Node, name, pods[i].Spec.NodeName)
 		}
 	}
 }

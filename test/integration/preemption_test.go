@@ -3,8 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
-	"sort"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
@@ -53,51 +51,23 @@ func (e *env) prioritized(name, class string, limits map[string]int64) *v1.Pod {
 	return p
 }
 
-// kubelet plays the kubelets of the test's nodes for pods being deleted:
-// once it sees a pod terminating (deletion requested), it confirms the
-// deletion, as a kubelet does when the containers have stopped. It records
-// the pods it saw terminate, with their nodes, and stops when the test ends.
-type kubelet struct {
-	mu         sync.Mutex
-	terminated map[string]string // pod -> node
-}
+// kubelet confirms the deletions of the test's pods, as the nodes' kubelets
+// would, and tells which pods it saw terminate.
+type kubelet struct{ *cluster.Kubelet }
 
-func (e *env) startKubelet() *kubelet {
-	k := &kubelet{terminated: map[string]string{}}
+func (e *env) startKubelet() kubelet {
 	ctx, cancel := context.WithCancel(e.tCtx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-			pods, err := e.client.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return false, nil
-			}
-			for _, p := range pods.Items {
-				if p.DeletionTimestamp == nil {
-					continue
-				}
-				k.mu.Lock()
-				k.terminated[p.Name] = p.Spec.NodeName
-				k.mu.Unlock()
-				_ = e.client.CoreV1().Pods(e.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)), Preconditions: &metav1.Preconditions{UID: &p.UID}})
-			}
-			return false, nil
-		})
-	}()
+	k, done := cluster.StartKubelet(ctx, e.client, e.ns)
 	e.tCtx.Cleanup(func() { cancel(); <-done })
-	return k
+	return kubelet{k}
 }
 
 // evicted returns the names of the pods the kubelet saw terminate, sorted.
-func (k *kubelet) evicted() []string {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var names []string
-	for n := range k.terminated {
-		names = append(names, n)
+func (k kubelet) evicted() []string {
+	names, _ := k.Terminated()
+	for i, n := range names {
+		names[i] = n[strings.Index(n, "/")+1:]
 	}
-	sort.Strings(names)
 	return names
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/cache"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -30,7 +32,30 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// replay is deterministic.
 	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
 	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: req.Selector.String(), reservations: p.reservations.against(pod)})
-	return nil, nil
+	return p.awaitVictims(pod), nil
+}
+
+// awaitVictims keeps a preemptor to the node it was nominated to while the
+// pods it evicted there are still terminating: otherwise room appearing
+// elsewhere first would let it bind there, and its victims would have been
+// evicted for nothing.
+func (p *Plugin) awaitVictims(pod *v1.Pod) *fwk.PreFilterResult {
+	nominated := pod.Status.NominatedNodeName
+	lister := p.handle.SnapshotSharedLister()
+	if nominated == "" || lister == nil {
+		return nil
+	}
+	nodeInfo, err := lister.NodeInfos().Get(nominated)
+	if err != nil {
+		return nil
+	}
+	priority := corev1helpers.PodPriority(pod)
+	for _, pi := range nodeInfo.GetPods() {
+		if victim := pi.GetPod(); victim.DeletionTimestamp != nil && corev1helpers.PodPriority(victim) < priority {
+			return &fwk.PreFilterResult{NodeNames: sets.New(nominated)}
+		}
+	}
+	return nil
 }
 
 // waitForLedger blocks until the ledger's informer handlers have seen every
