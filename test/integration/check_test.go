@@ -16,20 +16,11 @@ import (
 // gives it. It returns the number of bound GPU pods it counted.
 func (e *env) checkNoOvercommit(t *testing.T) int {
 	t.Helper()
-	capacity := map[string]testutil.Use{}
+	cards, capacity := e.nodeCards(t)
 	where := map[string]string{}
-	for _, name := range e.nodes {
-		n, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		inv, err := gpuinfo.DecodeInventory(n.Annotations[gpuinfo.InventoryAnnotation])
-		if err != nil {
-			continue // nodes with bad inventories hold no GPU pods
-		}
-		for _, c := range inv.Cards {
-			capacity[c.UUID] = testutil.Use{MemoryMiB: c.MemoryMiB, Cores: c.Cores}
-			where[c.UUID] = name
+	for node, nodeCards := range cards {
+		for _, c := range nodeCards {
+			where[c.UUID] = node
 		}
 	}
 	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
@@ -52,4 +43,30 @@ func (e *env) checkNoOvercommit(t *testing.T) int {
 		}
 	}
 	return bound
+}
+
+// nodeCards reads the inventories of the test's nodes: each node's cards, and
+// each card's capacity by UUID. Nodes with bad inventories offer no cards.
+func (e *env) nodeCards(t interface {
+	Helper()
+	Fatal(...any)
+}) (map[string][]gpuinfo.Card, map[string]testutil.Use) {
+	t.Helper()
+	cards := map[string][]gpuinfo.Card{}
+	capacity := map[string]testutil.Use{}
+	for _, name := range e.nodes {
+		n, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := gpuinfo.DecodeInventory(n.Annotations[gpuinfo.InventoryAnnotation])
+		if err != nil {
+			continue
+		}
+		cards[name] = inv.Cards
+		for _, c := range inv.Cards {
+			capacity[c.UUID] = testutil.Use{MemoryMiB: c.MemoryMiB, Cores: c.Cores}
+		}
+	}
+	return cards, capacity
 }

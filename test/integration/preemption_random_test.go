@@ -163,22 +163,7 @@ func (e *env) settleWithoutMissedPreemption() []v1.Pod {
 // recomputed with the contract's rules, apart from the scheduler's code.
 func (e *env) missedPreemptions(pods []v1.Pod) []string {
 	t := e.tCtx
-	cards := map[string][]gpuinfo.Card{} // node -> cards
-	capacity := map[string]testutil.Use{}
-	for _, name := range e.nodes {
-		n, err := e.client.CoreV1().Nodes().Get(e.tCtx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		inv, err := gpuinfo.DecodeInventory(n.Annotations[gpuinfo.InventoryAnnotation])
-		if err != nil {
-			t.Fatal(err)
-		}
-		cards[name] = inv.Cards
-		for _, c := range inv.Cards {
-			capacity[c.UUID] = testutil.Use{MemoryMiB: c.MemoryMiB, Cores: c.Cores}
-		}
-	}
+	cards, capacity := e.nodeCards(t)
 	var missed []string
 	for _, p := range pods {
 		if p.Spec.NodeName != "" {

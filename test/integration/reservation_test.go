@@ -39,7 +39,9 @@ func TestReservationKeepsCardsForCriticalPods(t *testing.T) {
 	if _, err := reservations.Resource(v1alpha1.Resource).Create(e.tCtx, gr, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = reservations.Resource(v1alpha1.Resource).Delete(context.Background(), e.ns, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = reservations.Resource(v1alpha1.Resource).Delete(context.Background(), e.ns, metav1.DeleteOptions{})
+	})
 	e.startScheduler()
 	k := e.startKubelet()
 
