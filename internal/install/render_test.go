@@ -64,6 +64,8 @@ func TestBaseRenders(t *testing.T) {
 		"Deployment tessera-system/tessera-scheduler",
 		"DaemonSet tessera-system/tessera-node-agent",
 		"PodDisruptionBudget tessera-system/tessera-scheduler",
+		"PriorityClass /tessera-batch",
+		"PriorityClass /tessera-critical",
 	}
 	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)

@@ -62,6 +62,45 @@ func (p Paths) WritePreload() error {
 	return os.WriteFile(p.HostPreload, []byte(want), 0o644)
 }
 
+// DefaultHighTaskPriority is the pod priority from which shared-card
+// containers get the high task priority: the value of the PriorityClass
+// tessera-critical that the manifests ship.
+const DefaultHighTaskPriority = 100000
+
+// Config is what the agent adds to the pod to decide a container's changes.
+type Config struct {
+	// Names are the resource names pods ask for GPUs with.
+	Names gpuinfo.ResourceNames
+	// Paths locate the interception library.
+	Paths Paths
+	// HighTaskPriority is the pod priority (spec.priority) from which a
+	// shared-card container computes first on its cards; below it, its
+	// kernels wait while a high-priority task computes there.
+	HighTaskPriority int32
+}
+
+// DefaultConfig is Tessera's resource names, DefaultPaths and
+// DefaultHighTaskPriority.
+func DefaultConfig() Config {
+	return Config{Names: gpuinfo.DefaultResourceNames(), Paths: DefaultPaths(), HighTaskPriority: DefaultHighTaskPriority}
+}
+
+// taskPriorityEnv is the interception library's task priority variable:
+// "0" high, "1" low.
+const taskPriorityEnv = "CUDA_TASK_PRIORITY"
+
+// taskPriority is the value of taskPriorityEnv for a pod's shared-card
+// containers: the pod's TaskPriorityAnnotation if set, else high when the
+// pod's priority reaches the threshold.
+func (c Config) taskPriority(pod *v1.Pod, annotated gpuinfo.TaskPriority) string {
+	high := annotated == gpuinfo.TaskPriorityHigh ||
+		(annotated == "" && pod.Spec.Priority != nil && *pod.Spec.Priority >= c.HighTaskPriority)
+	if high {
+		return "0"
+	}
+	return "1"
+}
+
 // Mount is a bind mount into the container.
 type Mount struct {
 	Source, Destination string
@@ -90,9 +129,9 @@ func NoGPU() *Adjustment {
 // sandbox of uid. A container that asks for no GPUs gets NoGPU. It returns an
 // error — the container must not start — when the pod is not bound to this
 // node under that UID, or when the container asks for GPUs and the pod has
-// no valid assignment for it.
-func For(pod *v1.Pod, uid types.UID, container, node string, names gpuinfo.ResourceNames, paths Paths) (*Adjustment, error) {
-	req, err := gpuinfo.ParsePodRequest(pod, names)
+// no valid assignment for it, or an invalid annotation.
+func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjustment, error) {
+	req, err := gpuinfo.ParsePodRequest(pod, c.Names)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
@@ -126,29 +165,30 @@ func For(pod *v1.Pod, uid types.UID, container, node string, names gpuinfo.Resou
 		return nil, fmt.Errorf("pod %s/%s: container %q asks for %d GPUs but its assignment lists %d", pod.Namespace, pod.Name, container, cr.Count, len(cards))
 	}
 	uuids := make([]string, len(cards))
-	for i, c := range cards {
-		uuids[i] = c.UUID
+	for i, card := range cards {
+		uuids[i] = card.UUID
 	}
 	adj := &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", strings.Join(uuids, ",")}}}
 	if cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0 {
 		return adj, nil // whole cards: no interception, no overhead
 	}
-	for i, c := range cards {
+	for i, card := range cards {
 		n := strconv.Itoa(i)
 		adj.Env = append(adj.Env,
-			EnvVar{"CUDA_DEVICE_MEMORY_LIMIT_" + n, strconv.FormatInt(c.MemoryMiB, 10) + "m"},
-			EnvVar{"CUDA_DEVICE_SM_LIMIT_" + n, strconv.FormatInt(c.Cores, 10)})
+			EnvVar{"CUDA_DEVICE_MEMORY_LIMIT_" + n, strconv.FormatInt(card.MemoryMiB, 10) + "m"},
+			EnvVar{"CUDA_DEVICE_SM_LIMIT_" + n, strconv.FormatInt(card.Cores, 10)})
 	}
 	cacheFile := string(pod.UID) + "_" + container + ".cache"
 	adj.Env = append(adj.Env, EnvVar{"CUDA_DEVICE_MEMORY_SHARED_CACHE", filepath.Join(containerCacheDir, cacheFile)})
 	if cr.Cores < gpuinfo.FullCores {
 		adj.Env = append(adj.Env, EnvVar{"GPU_CORE_UTILIZATION_POLICY", "force"})
 	}
+	adj.Env = append(adj.Env, EnvVar{taskPriorityEnv, c.taskPriority(pod, req.TaskPriority)})
 	adj.Mounts = []Mount{
-		{Source: paths.HostLibrary, Destination: containerLibrary, ReadOnly: true},
-		{Source: paths.HostPreload, Destination: containerPreload, ReadOnly: true},
-		{Source: paths.HostCacheDir, Destination: containerCacheDir},
-		{Source: paths.HostLockDir, Destination: containerLockDir},
+		{Source: c.Paths.HostLibrary, Destination: containerLibrary, ReadOnly: true},
+		{Source: c.Paths.HostPreload, Destination: containerPreload, ReadOnly: true},
+		{Source: c.Paths.HostCacheDir, Destination: containerCacheDir},
+		{Source: c.Paths.HostLockDir, Destination: containerLockDir},
 	}
 	return adj, nil
 }

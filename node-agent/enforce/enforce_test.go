@@ -9,23 +9,35 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 func pod(limits map[v1.ResourceName]string, assignment string) *v1.Pod {
+	return podWith(limits, assignment, nil, "")
+}
+
+// podWith is pod with a priority (nil: none) and a task priority annotation
+// ("": none).
+func podWith(limits map[v1.ResourceName]string, assignment string, priority *int32, taskPriority string) *v1.Pod {
 	p := st.MakePod().Name("p").Namespace("ns").UID("uid-1").Node("node-1").Lim(limits).
 		Lim(map[v1.ResourceName]string{v1.ResourceCPU: "1"})
 	if assignment != "" {
 		p.Annotation(gpuinfo.AssignmentAnnotation, assignment)
 	}
+	if priority != nil {
+		p.Priority(*priority)
+	}
+	if taskPriority != "" {
+		p.Annotation(gpuinfo.TaskPriorityAnnotation, taskPriority)
+	}
 	return p.Obj()
 }
 
 func TestFor(t *testing.T) {
-	names := gpuinfo.DefaultResourceNames()
-	paths := DefaultPaths()
+	cfg := Config{Names: gpuinfo.DefaultResourceNames(), Paths: DefaultPaths(), HighTaskPriority: 1000}
 	mounts := []Mount{
 		{Source: "/usr/local/vgpu/libvgpu.so", Destination: "/usr/local/vgpu/libvgpu.so", ReadOnly: true},
 		{Source: "/usr/local/vgpu/ld.so.preload", Destination: "/etc/ld.so.preload", ReadOnly: true},
@@ -33,6 +45,7 @@ func TestFor(t *testing.T) {
 		{Source: "/tmp/vgpulock", Destination: "/tmp/vgpulock"},
 	}
 	share := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30},{"index":3,"uuid":"GPU-3","memoryMiB":4096,"cores":30}]}}`
+	one := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30}]}}`
 	whole := `{"version":1,"containers":{"con0":[{"index":2,"uuid":"GPU-2","memoryMiB":81920,"cores":100}]}}`
 	tests := []struct {
 		name      string
@@ -51,7 +64,62 @@ func TestFor(t *testing.T) {
 				{"CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_1", "30"},
 				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
 				{"GPU_CORE_UTILIZATION_POLICY", "force"},
+				{"CUDA_TASK_PRIORITY", "1"},
 			}, Mounts: mounts},
+		},
+		{
+			name: "a pod at the high task priority computes first on its shared card",
+			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096", "tessera.io/gpu-cores": "30"}, one, ptr.To[int32](1000), ""),
+			want: &Adjustment{Env: []EnvVar{
+				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
+				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
+				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+				{"GPU_CORE_UTILIZATION_POLICY", "force"},
+				{"CUDA_TASK_PRIORITY", "0"},
+			}, Mounts: mounts},
+		},
+		{
+			name: "just below the threshold is low",
+			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096", "tessera.io/gpu-cores": "30"}, one, ptr.To[int32](999), ""),
+			want: &Adjustment{Env: []EnvVar{
+				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
+				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
+				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+				{"GPU_CORE_UTILIZATION_POLICY", "force"},
+				{"CUDA_TASK_PRIORITY", "1"},
+			}, Mounts: mounts},
+		},
+		{
+			name: "the annotation makes a low-priority pod high",
+			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096"}, one, nil, "high"),
+			want: &Adjustment{Env: []EnvVar{
+				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
+				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
+				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+				{"GPU_CORE_UTILIZATION_POLICY", "force"},
+				{"CUDA_TASK_PRIORITY", "0"},
+			}, Mounts: mounts},
+		},
+		{
+			name: "and a high-priority pod low",
+			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096"}, one, ptr.To[int32](5000), "low"),
+			want: &Adjustment{Env: []EnvVar{
+				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
+				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
+				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+				{"GPU_CORE_UTILIZATION_POLICY", "force"},
+				{"CUDA_TASK_PRIORITY", "1"},
+			}, Mounts: mounts},
+		},
+		{
+			name:    "an invalid task priority: the container must not start",
+			pod:     podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096"}, one, nil, "urgent"),
+			wantErr: `pod ns/p: annotation tessera.io/gpu-task-priority: must be "high" or "low", got "urgent"`,
+		},
+		{
+			name: "whole cards get no task priority, whatever the pod's priority",
+			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole, ptr.To[int32](5000), "high"),
+			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}},
 		},
 		{
 			name: "whole cards get only the cards",
@@ -109,7 +177,7 @@ func TestFor(t *testing.T) {
 			if tc.node != "" {
 				node = tc.node
 			}
-			got, err := For(tc.pod, types.UID(uid), container, node, names, paths)
+			got, err := cfg.For(tc.pod, types.UID(uid), container, node)
 			if testutil.CheckError(t, err, tc.wantErr) {
 				return
 			}

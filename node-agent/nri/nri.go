@@ -35,7 +35,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
-	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // PodGetter returns a pod as the API server has it (an informer's lister).
@@ -49,9 +48,9 @@ const (
 
 // Plugin adjusts containers at creation.
 type Plugin struct {
-	Node  string
-	Names gpuinfo.ResourceNames
-	Paths enforce.Paths
+	Node string
+	// Enforce decides each container's changes.
+	Enforce enforce.Config
 	// Unrestricted are namespaces whose containers are left as they are
 	// (the GPU Operator's, whose exporters see every card).
 	Unrestricted []string
@@ -144,7 +143,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 	if err != nil {
 		return nil, nil, fmt.Errorf("tessera: container %q of pod %s/%s: %w", ctr.Name, sandbox.Namespace, sandbox.Name, err)
 	}
-	adj, err := enforce.For(pod, types.UID(sandbox.Uid), ctr.Name, p.Node, p.Names, p.Paths)
+	adj, err := p.Enforce.For(pod, types.UID(sandbox.Uid), ctr.Name, p.Node)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Refusing to start container without its GPU assignment", "pod", klog.KObj(pod), "container", ctr.Name)
 		return nil, nil, fmt.Errorf("tessera: %w", err)

@@ -12,6 +12,9 @@ import (
 
 	nri "github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
+	nrigen "github.com/containerd/nri/pkg/runtime-tools/generate"
+	"github.com/google/go-cmp/cmp"
+	rgen "github.com/opencontainers/runtime-tools/generate"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -76,12 +79,12 @@ func startRuntime(t *testing.T, dir string) *runtimeSide {
 	return &runtimeSide{Adaptation: r, t: t}
 }
 
-// create asks the plugins to adjust container main of pod name in
-// namespace ns.
-func (r *runtimeSide) create(ctx context.Context, namespace, name, uid string) (*api.ContainerAdjustment, error) {
+// create asks the plugins to adjust container main, with the environment
+// env ("NAME=value"), of pod name in namespace ns.
+func (r *runtimeSide) create(ctx context.Context, namespace, name, uid string, env ...string) (*api.ContainerAdjustment, error) {
 	resp, err := r.CreateContainer(ctx, &api.CreateContainerRequest{
 		Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: namespace, Uid: uid},
-		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"},
+		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main", Env: env},
 	})
 	if err != nil {
 		return nil, err
@@ -124,7 +127,7 @@ func waitReady(tCtx ktesting.TContext, p *Plugin, want bool) {
 }
 
 func newPlugin() *Plugin {
-	return &Plugin{Node: "node-1", Names: gpuinfo.DefaultResourceNames(), Paths: enforce.DefaultPaths(), PodWait: time.Second, Unrestricted: []string{"monitoring"}, RetryMax: 200 * time.Millisecond}
+	return &Plugin{Node: "node-1", Enforce: enforce.DefaultConfig(), PodWait: time.Second, Unrestricted: []string{"monitoring"}, RetryMax: 200 * time.Millisecond}
 }
 
 // TestNRIAgainstRuntime drives the plugin through NRI's own runtime side
@@ -285,4 +288,86 @@ func TestNRIReconnects(t *testing.T) {
 	t.Cleanup(second.Stop)
 	waitReady(tCtx, plugin, true)
 	second.checkGetsGPU0(tCtx, "after reconnecting")
+}
+
+// TestNRITaskPriority: containers sharing a card get HAMi-core's task
+// priority from their pod's priority (high from the agent's threshold), or
+// from the pod's annotation; whole cards get none; an invalid annotation
+// stops the container with the reason; and the agent's value replaces the
+// container's own once the runtime applies the adjustment (NRI's own spec
+// generator, as containerd applies it).
+func TestNRITaskPriority(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	dir := testutil.SocketDir(t)
+	runtime := startRuntime(t, dir)
+	t.Cleanup(runtime.Stop)
+	withPriority := func(p *v1.Pod, priority int32, annotation string) *v1.Pod {
+		p.Spec.Priority = &priority
+		if annotation != "" {
+			p.Annotations[gpuinfo.TaskPriorityAnnotation] = annotation
+		}
+		return p
+	}
+	whole := gpuPod("whole", "GPU-1")
+	whole.Annotations[gpuinfo.AssignmentAnnotation] = `{"version":1,"containers":{"main":[{"index":1,"uuid":"GPU-1","memoryMiB":81920,"cores":100}]}}`
+	whole.Spec.Containers[0].Resources.Limits = v1.ResourceList{"tessera.io/gpu": resource.MustParse("1")}
+	plugin := newPlugin()
+	plugin.SetPods(podMap(
+		withPriority(gpuPod("critical", "GPU-0"), enforce.DefaultHighTaskPriority, ""),
+		withPriority(gpuPod("batch", "GPU-0"), enforce.DefaultHighTaskPriority-1, ""),
+		withPriority(gpuPod("yielding", "GPU-0"), enforce.DefaultHighTaskPriority, "low"),
+		withPriority(gpuPod("promoted", "GPU-0"), 0, "high"),
+		withPriority(gpuPod("typo", "GPU-0"), 0, "hgih"),
+		withPriority(whole, enforce.DefaultHighTaskPriority, "high"),
+	))
+	runPlugin(tCtx, plugin, dir)
+	waitReady(tCtx, plugin, true)
+
+	for _, tc := range []struct {
+		pod     string
+		userEnv []string
+		want    []string // CUDA_TASK_PRIORITY in the container's final environment
+	}{
+		{pod: "critical", want: []string{"0"}},
+		{pod: "batch", want: []string{"1"}},
+		{pod: "batch", userEnv: []string{"CUDA_TASK_PRIORITY=0"}, want: []string{"1"}},
+		{pod: "yielding", want: []string{"1"}},
+		{pod: "promoted", want: []string{"0"}},
+		{pod: "whole", userEnv: []string{"CUDA_TASK_PRIORITY=0"}, want: []string{"0"}}, // left as the user set it: no interception
+		{pod: "whole", want: nil},
+	} {
+		adj, err := runtime.create(tCtx, "ns", tc.pod, "uid-"+tc.pod, tc.userEnv...)
+		if err != nil {
+			t.Errorf("pod %s: %v", tc.pod, err)
+			continue
+		}
+		if diff := cmp.Diff(tc.want, taskPriorities(t, tc.userEnv, adj)); diff != "" {
+			t.Errorf("pod %s with environment %v: CUDA_TASK_PRIORITY (-want,+got):\n%s", tc.pod, tc.userEnv, diff)
+		}
+	}
+	if _, err := runtime.create(tCtx, "ns", "typo", "uid-typo"); err == nil || !strings.Contains(err.Error(), `annotation tessera.io/gpu-task-priority: must be "high" or "low", got "hgih"`) {
+		t.Errorf("a container whose pod has an invalid task priority: %v, want a refusal naming the annotation", err)
+	}
+}
+
+// taskPriorities applies adj to a container spec whose process environment
+// is env, with NRI's spec generator, and returns every CUDA_TASK_PRIORITY
+// value in the result.
+func taskPriorities(t *testing.T, env []string, adj *api.ContainerAdjustment) []string {
+	t.Helper()
+	spec, err := rgen.New("linux")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Config.Process.Env = env
+	if err := nrigen.SpecGenerator(&spec).Adjust(adj); err != nil {
+		t.Fatal(err)
+	}
+	var values []string
+	for _, kv := range spec.Config.Process.Env {
+		if v, ok := strings.CutPrefix(kv, "CUDA_TASK_PRIORITY="); ok {
+			values = append(values, v)
+		}
+	}
+	return values
 }

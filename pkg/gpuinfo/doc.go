@@ -21,6 +21,10 @@ const (
 	// ModelExcludeAnnotation excludes cards whose model contains one of the
 	// comma-separated values (case-insensitive).
 	ModelExcludeAnnotation = Domain + "/gpu-model-exclude"
+	// TaskPriorityAnnotation sets, for one pod, the in-card task priority of
+	// its shared-card containers ("high" or "low"), overriding the one the
+	// node agent derives from the pod's priority.
+	TaskPriorityAnnotation = Domain + "/gpu-task-priority"
 	// UUIDAnnotation restricts a pod to the listed card UUIDs.
 	UUIDAnnotation = Domain + "/gpu-uuid"
 	// UUIDExcludeAnnotation excludes the listed card UUIDs.

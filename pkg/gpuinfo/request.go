@@ -64,6 +64,8 @@ type PodRequest struct {
 	Containers []ContainerRequest
 	// Selector restricts which cards qualify.
 	Selector Selector
+	// TaskPriority is the pod's TaskPriorityAnnotation, "" when unset.
+	TaskPriority TaskPriority
 }
 
 // ParsePodRequest reads a pod's GPU request. It returns nil, nil when no
@@ -101,6 +103,9 @@ func ParsePodRequest(pod *v1.Pod, names ResourceNames) (*PodRequest, error) {
 		return nil, err
 	}
 	req.Selector = sel
+	if req.TaskPriority, err = ParseTaskPriority(pod.Annotations); err != nil {
+		return nil, err
+	}
 	return req, nil
 }
 

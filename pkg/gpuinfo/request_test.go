@@ -108,6 +108,25 @@ func TestParsePodRequest(t *testing.T) {
 				Annotation(gpuinfo.ModelAnnotation, " , ").Obj(),
 			wantErr: `annotation tessera.io/gpu-model: must list at least one value`,
 		},
+		{
+			name: "task priority",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "1024"}).
+				Annotation(gpuinfo.TaskPriorityAnnotation, "low").Obj(),
+			want: &gpuinfo.PodRequest{
+				Containers:   []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 1024}},
+				TaskPriority: gpuinfo.TaskPriorityLow,
+			},
+		},
+		{
+			name: "invalid task priority",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "1024"}).
+				Annotation(gpuinfo.TaskPriorityAnnotation, "High").Obj(),
+			wantErr: `annotation tessera.io/gpu-task-priority: must be "high" or "low", got "High"`,
+		},
+		{
+			name: "task priority on a pod without GPUs is not read",
+			pod:  st.MakePod().Name("p").Annotation(gpuinfo.TaskPriorityAnnotation, "urgent").Obj(),
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -47,7 +47,9 @@ func TestHAMiNamesEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	plugin := &nri.Plugin{Node: node, Names: names, Paths: enforce.DefaultPaths(), PodWait: time.Second}
+	enforcement := enforce.DefaultConfig()
+	enforcement.Names = names
+	plugin := &nri.Plugin{Node: node, Enforce: enforcement, PodWait: time.Second}
 	ctx, cancel := context.WithTimeout(e.tCtx, 30*time.Second)
 	defer cancel()
 	pods, err := nri.WatchPodsOnNode(ctx, e.agentClient(node), node)

@@ -45,11 +45,13 @@ func main() {
 	schedulerConfig := flag.String("scheduler-config", "", "the scheduler's KubeSchedulerConfiguration file: pods are read with the resource names its GPUShare args give (default: Tessera's names)")
 	split := flag.Int("split-count", gpuinfo.DefaultSplitCount, "units of the GPU resource advertised to kubelet per card: kubelet admits pods asking for that resource against cards × this, and the scheduler counts the same (pods asking only memory or compute shares use none)")
 	nriSocket := flag.String("nri-socket", "/var/run/nri/nri.sock", "the container runtime's NRI socket; empty disables enforcement")
-	paths := enforce.DefaultPaths()
+	enforcement := enforce.DefaultConfig()
+	paths := &enforcement.Paths
 	flag.StringVar(&paths.HostLibrary, "vgpu-library", paths.HostLibrary, "host path of HAMi-core's libvgpu.so")
 	flag.StringVar(&paths.HostPreload, "vgpu-preload", paths.HostPreload, "host path of the ld.so.preload file naming the library")
 	flag.StringVar(&paths.HostCacheDir, "vgpu-cache-dir", paths.HostCacheDir, "host directory of the containers' shared-cache files")
 	flag.StringVar(&paths.HostLockDir, "vgpu-lock-dir", paths.HostLockDir, "host lock directory of the library")
+	highTaskPriority := flag.Int("high-task-priority", enforce.DefaultHighTaskPriority, "pod priority (spec.priority) from which a container sharing a card computes first there (HAMi-core's CUDA_TASK_PRIORITY=0; below it, 1); the default is the value of the PriorityClass tessera-critical; the pod annotation tessera.io/gpu-task-priority overrides it")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
 	unrestricted := flag.String("unrestricted-namespaces", "gpu-operator", "comma-separated namespaces whose containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter); every other container without an assignment sees no card")
 	flag.Parse()
@@ -58,6 +60,10 @@ func main() {
 	names, err := resourceNames(*schedulerConfig)
 	if err != nil {
 		klog.ErrorS(err, "Reading the resource names")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	if int(int32(*highTaskPriority)) != *highTaskPriority {
+		klog.ErrorS(nil, "--high-task-priority must be a pod priority (a 32-bit integer)", "value", *highTaskPriority)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	if *resourceName == "" {
@@ -69,7 +75,8 @@ func main() {
 	}
 	var enforcer *nri.Plugin
 	if *nriSocket != "" {
-		enforcer = &nri.Plugin{Node: *nodeName, Names: names, Paths: paths, PodWait: time.Second, Unrestricted: unrestrictedNamespaces(*namespace, *unrestricted)}
+		enforcement.Names, enforcement.HighTaskPriority = names, int32(*highTaskPriority)
+		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second, Unrestricted: unrestrictedNamespaces(*namespace, *unrestricted)}
 	}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin, enforcer, *nriSocket); err != nil {
 		klog.ErrorS(err, "Node agent failed")
@@ -123,8 +130,8 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		}()
 	}
 	if enforcer != nil {
-		if err := enforcer.Paths.WritePreload(); err != nil {
-			return fmt.Errorf("writing %s: %w", enforcer.Paths.HostPreload, err)
+		if err := enforcer.Enforce.Paths.WritePreload(); err != nil {
+			return fmt.Errorf("writing %s: %w", enforcer.Enforce.Paths.HostPreload, err)
 		}
 		// Registered with the runtime first, so that containers created
 		// while the pod cache syncs fail (and are retried) instead of
