@@ -77,12 +77,41 @@ type Config struct {
 	// shared-card container computes first on its cards; below it, its
 	// kernels wait while a high-priority task computes there.
 	HighTaskPriority int32
+	// CDIKind, when set, hands the assigned cards over as CDI devices of this
+	// kind ("nvidia.com/gpu"=<name>) besides NVIDIA_VISIBLE_DEVICES, so that a
+	// container toolkit refusing that variable from unprivileged containers
+	// still gives them their cards, and only them.
+	CDIKind string
+	// CDINames says how the node's CDI spec names a card: CDIByIndex (the
+	// NVIDIA toolkit's default) or CDIByUUID.
+	CDINames CDINaming
 }
 
-// DefaultConfig is Tessera's resource names, DefaultPaths and
-// DefaultHighTaskPriority.
+// CDINaming is how a CDI spec names the cards.
+type CDINaming string
+
+// The CDI device-name strategies of the NVIDIA container toolkit that the
+// agent supports.
+const (
+	CDIByIndex CDINaming = "index"
+	CDIByUUID  CDINaming = "uuid"
+)
+
+// cdiName is card's CDI device name.
+func (c Config) cdiName(card gpuinfo.CardAssignment) string {
+	if c.CDINames == CDIByUUID {
+		return c.CDIKind + "=" + card.UUID
+	}
+	return c.CDIKind + "=" + strconv.Itoa(card.Index)
+}
+
+// DefaultCDIKind is the CDI kind of NVIDIA's cards.
+const DefaultCDIKind = "nvidia.com/gpu"
+
+// DefaultConfig is Tessera's resource names, DefaultPaths,
+// DefaultHighTaskPriority and the cards as CDI devices named by index.
 func DefaultConfig() Config {
-	return Config{Names: gpuinfo.DefaultResourceNames(), Paths: DefaultPaths(), HighTaskPriority: DefaultHighTaskPriority}
+	return Config{Names: gpuinfo.DefaultResourceNames(), Paths: DefaultPaths(), HighTaskPriority: DefaultHighTaskPriority, CDIKind: DefaultCDIKind, CDINames: CDIByIndex}
 }
 
 // taskPriorityEnv is the interception library's task priority variable:
@@ -111,6 +140,8 @@ type Mount struct {
 type Adjustment struct {
 	// Env are environment variables, in a stable order.
 	Env []EnvVar
+	// CDIDevices are the fully qualified CDI device names of the cards.
+	CDIDevices []string
 	// Mounts are bind mounts.
 	Mounts []Mount
 }
@@ -165,10 +196,14 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjust
 		return nil, fmt.Errorf("pod %s/%s: container %q asks for %d GPUs but its assignment lists %d", pod.Namespace, pod.Name, container, cr.Count, len(cards))
 	}
 	uuids := make([]string, len(cards))
+	adj := &Adjustment{}
 	for i, card := range cards {
 		uuids[i] = card.UUID
+		if c.CDIKind != "" {
+			adj.CDIDevices = append(adj.CDIDevices, c.cdiName(card))
+		}
 	}
-	adj := &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", strings.Join(uuids, ",")}}}
+	adj.Env = []EnvVar{{"NVIDIA_VISIBLE_DEVICES", strings.Join(uuids, ",")}}
 	if cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0 {
 		return adj, nil // whole cards: no interception, no overhead
 	}

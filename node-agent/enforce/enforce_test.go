@@ -201,3 +201,33 @@ func TestWritePreload(t *testing.T) {
 		t.Errorf("preload file = %q, %v", got, err)
 	}
 }
+
+// TestCDIDevices: with a CDI kind, every assigned card — shared or whole —
+// is also named as a CDI device, by index or by UUID as the node's spec
+// names it; a container without GPUs gets none.
+func TestCDIDevices(t *testing.T) {
+	share := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30},{"index":3,"uuid":"GPU-3","memoryMiB":4096,"cores":30}]}}`
+	whole := `{"version":1,"containers":{"con0":[{"index":2,"uuid":"GPU-2","memoryMiB":81920,"cores":100}]}}`
+	for _, tc := range []struct {
+		name   string
+		naming CDINaming
+		pod    *v1.Pod
+		want   []string
+	}{
+		{"shared, by index", CDIByIndex, pod(map[v1.ResourceName]string{"tessera.io/gpu": "2", "tessera.io/gpu-memory": "4096", "tessera.io/gpu-cores": "30"}, share), []string{"nvidia.com/gpu=1", "nvidia.com/gpu=3"}},
+		{"whole, by UUID", CDIByUUID, pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole), []string{"nvidia.com/gpu=GPU-2"}},
+		{"no GPUs", CDIByIndex, pod(nil, ""), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.CDINames = tc.naming
+			got, err := cfg.For(tc.pod, "uid-1", "con0", "node-1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got.CDIDevices); diff != "" {
+				t.Errorf("CDI devices (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -152,6 +152,9 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 	for _, e := range adj.Env {
 		out.AddEnv(e.Name, e.Value)
 	}
+	for _, name := range adj.CDIDevices {
+		out.AddCDIDevice(&api.CDIDevice{Name: name})
+	}
 	for _, m := range adj.Mounts {
 		options := []string{"rbind", "rw"}
 		if m.ReadOnly {

@@ -166,6 +166,9 @@ func TestNRIAgainstRuntime(t *testing.T) {
 			if e["NVIDIA_VISIBLE_DEVICES"] != fmt.Sprint("GPU-", i) || e["CUDA_DEVICE_MEMORY_LIMIT_0"] != "4096m" || e["CUDA_DEVICE_SM_LIMIT_0"] != "25" {
 				errs <- fmt.Errorf("pod p%d got %v", i, e)
 			}
+			if cdi := adj.GetCDIDevices(); len(cdi) != 1 || cdi[0].GetName() != "nvidia.com/gpu=0" {
+				errs <- fmt.Errorf("pod p%d got CDI devices %v, want its card's", i, cdi)
+			}
 			if len(adj.GetMounts()) != 4 {
 				errs <- fmt.Errorf("pod p%d got %d mounts, want 4", i, len(adj.GetMounts()))
 			}

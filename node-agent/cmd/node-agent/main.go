@@ -52,6 +52,8 @@ func main() {
 	flag.StringVar(&paths.HostCacheDir, "vgpu-cache-dir", paths.HostCacheDir, "host directory of the containers' shared-cache files")
 	flag.StringVar(&paths.HostLockDir, "vgpu-lock-dir", paths.HostLockDir, "host lock directory of the library")
 	highTaskPriority := flag.Int("high-task-priority", enforce.DefaultHighTaskPriority, "pod priority (spec.priority) from which a container sharing a card computes first there (HAMi-core's CUDA_TASK_PRIORITY=0; below it, 1); the default is the value of the PriorityClass tessera-critical; the pod annotation tessera.io/gpu-task-priority overrides it")
+	flag.StringVar(&enforcement.CDIKind, "cdi-kind", enforcement.CDIKind, "CDI kind the assigned cards are handed over as, besides NVIDIA_VISIBLE_DEVICES (the node's CDI spec must define it: nvidia-ctk cdi generate); empty hands them over by the variable alone, which a container toolkit refusing it from unprivileged containers ignores")
+	cdiNames := flag.String("cdi-device-names", string(enforcement.CDINames), "how the node's CDI spec names the cards: index (nvidia-ctk's default) or uuid")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
 	unrestricted := flag.String("unrestricted-namespaces", "gpu-operator", "comma-separated namespaces whose containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter); every other container without an assignment sees no card")
 	flag.Parse()
@@ -64,6 +66,13 @@ func main() {
 	}
 	if int(int32(*highTaskPriority)) != *highTaskPriority {
 		klog.ErrorS(nil, "--high-task-priority must be a pod priority (a 32-bit integer)", "value", *highTaskPriority)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+	switch enforce.CDINaming(*cdiNames) {
+	case enforce.CDIByIndex, enforce.CDIByUUID:
+		enforcement.CDINames = enforce.CDINaming(*cdiNames)
+	default:
+		klog.ErrorS(nil, "--cdi-device-names must be index or uuid", "value", *cdiNames)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	if *resourceName == "" {
