@@ -18,8 +18,12 @@ FUZZTIME ?= 10s
 ROUNDS   ?= 1
 TRACES   ?= default
 FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
+# make e2e-node: containerd and the test image are built here (from
+# test/e2e-node/tools, a module of its own); runc comes from the host.
+E2E_BIN  := $(CURDIR)/_output/e2e
+CONTAINERD_TAGS := no_btrfs no_devmapper no_zfs
 
-.PHONY: all build release-scheduler release-node-agent images demo test test-unit test-race fuzz bench bench-throughput sim lint clean
+.PHONY: all build release-scheduler release-node-agent images demo test test-unit test-race fuzz e2e-node bench bench-throughput sim lint clean
 
 all: build
 
@@ -59,6 +63,21 @@ fuzz:
 		echo "fuzzing $$target for $(FUZZTIME)"; \
 		$(GO) test -run='^$$' -fuzz="^$$target\$$" -fuzztime=$(FUZZTIME) ./pkg/gpuinfo || exit 1; \
 	done
+
+## e2e-node: the node agent against a real containerd and runc (both built from their Go modules) with NRI;
+## needs root and gcc (runc's nsenter is C). Builds them, ctr and the test image into _output/e2e.
+e2e-node:
+	@[ "$$(id -u)" = 0 ] || { echo "e2e-node: must run as root (runc creates namespaces, cgroups and device nodes)"; exit 1; }
+	@command -v gcc >/dev/null || { echo "e2e-node: gcc is needed to build runc (apt-get install gcc)"; exit 1; }
+	mkdir -p $(E2E_BIN)
+	cd test/e2e-node/tools && CGO_ENABLED=0 $(GO) build -tags "$(CONTAINERD_TAGS)" -o $(E2E_BIN)/ \
+		github.com/containerd/containerd/v2/cmd/containerd \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+		github.com/containerd/containerd/v2/cmd/ctr ./workload ./e2e-image
+	cd test/e2e-node/tools && CGO_ENABLED=1 $(GO) build -o $(E2E_BIN)/runc github.com/opencontainers/runc
+	$(E2E_BIN)/e2e-image -binary $(E2E_BIN)/workload -o $(E2E_BIN)/e2e-image.tar
+	$(GO) build -o $(E2E_BIN)/node-agent ./node-agent/cmd/node-agent
+	TESSERA_E2E_BIN=$(E2E_BIN) $(GO) test -tags e2enode -count=1 -v -timeout=20m ./test/e2e-node/
 
 ## bench: the plugin's per-node benchmarks (figures go to docs/performance.md)
 bench:

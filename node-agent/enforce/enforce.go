@@ -149,6 +149,26 @@ type Adjustment struct {
 // EnvVar is one environment variable.
 type EnvVar struct{ Name, Value string }
 
+// CheckEnv refuses an adjustment the runtime would not apply faithfully: one
+// setting a variable that the container's environment (image and pod spec,
+// as the runtime built it) holds more than once. containerd keeps both
+// copies when the image and the spec set the same variable, and NRI replaces
+// only the first: the later one, the spec's, wins, so the container would
+// run with its own value instead of the agent's (a limit escaped).
+func (a *Adjustment) CheckEnv(env []string) error {
+	count := map[string]int{}
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		count[name]++
+	}
+	for _, e := range a.Env {
+		if count[e.Name] > 1 {
+			return fmt.Errorf("the container's environment sets %s %d times (its image and its pod spec); the runtime would keep the pod spec's value over the node agent's: remove it from the pod spec", e.Name, count[e.Name])
+		}
+	}
+	return nil
+}
+
 // NoGPU is the adjustment of a container that asks for no GPUs: the NVIDIA
 // container toolkit then exposes no card to it, whatever its image sets
 // (CUDA base images set NVIDIA_VISIBLE_DEVICES=all).

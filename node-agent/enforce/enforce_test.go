@@ -231,3 +231,27 @@ func TestCDIDevices(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckEnv: an adjustment is refused when the container's environment
+// holds one of its variables twice (image and spec), and only then.
+func TestCheckEnv(t *testing.T) {
+	adj := &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-1"}, {"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}}}
+	for _, tc := range []struct {
+		name    string
+		env     []string
+		wantErr string
+	}{
+		{name: "none of them", env: []string{"PATH=/bin"}},
+		{name: "once, from the image or the spec", env: []string{"NVIDIA_VISIBLE_DEVICES=all", "CUDA_DEVICE_MEMORY_LIMIT_0=81920m"}},
+		{name: "another variable twice", env: []string{"PATH=/bin", "PATH=/usr/bin"}},
+		{
+			name:    "image and spec both set a limit",
+			env:     []string{"CUDA_DEVICE_MEMORY_LIMIT_0=1m", "PATH=/bin", "CUDA_DEVICE_MEMORY_LIMIT_0=81920m"},
+			wantErr: "the container's environment sets CUDA_DEVICE_MEMORY_LIMIT_0 2 times (its image and its pod spec)",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testutil.CheckError(t, adj.CheckEnv(tc.env), tc.wantErr)
+		})
+	}
+}

@@ -144,8 +144,14 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 		return nil, nil, fmt.Errorf("tessera: container %q of pod %s/%s: %w", ctr.Name, sandbox.Namespace, sandbox.Name, err)
 	}
 	adj, err := p.Enforce.For(pod, types.UID(sandbox.Uid), ctr.Name, p.Node)
+	if err == nil {
+		err = adj.CheckEnv(ctr.Env)
+		if err != nil {
+			err = fmt.Errorf("pod %s/%s, container %q: %w", pod.Namespace, pod.Name, ctr.Name, err)
+		}
+	}
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Refusing to start container without its GPU assignment", "pod", klog.KObj(pod), "container", ctr.Name)
+		klog.FromContext(ctx).Error(err, "Refusing to start container", "pod", klog.KObj(pod), "container", ctr.Name)
 		return nil, nil, fmt.Errorf("tessera: %w", err)
 	}
 	out := &api.ContainerAdjustment{}
@@ -187,7 +193,7 @@ func (p *Plugin) pod(ctx context.Context, namespace, name string) (*v1.Pod, erro
 		return err == nil, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("pod not found in the API within %v (kubelet will retry): %w", timeout.Round(time.Millisecond), err)
+		return nil, fmt.Errorf("no pod bound to node %s found in the API within %v (kubelet will retry): %w", p.Node, timeout.Round(time.Millisecond), err)
 	}
 	return pod, nil
 }

@@ -212,7 +212,7 @@ func TestNRIAnswersWithinTheRuntimeTimeout(t *testing.T) {
 	start := time.Now()
 	_, err := runtime.create(tCtx, "ns", "ghost", "uid-ghost")
 	took := time.Since(start)
-	if err == nil || !strings.Contains(err.Error(), "pod not found in the API within") {
+	if err == nil || !strings.Contains(err.Error(), "no pod bound to node node-1 found in the API within") {
 		t.Errorf("a container of an unknown pod: %v, want the plugin's refusal", err)
 	}
 	if took >= nri.DefaultPluginRequestTimeout {
@@ -347,6 +347,11 @@ func TestNRITaskPriority(t *testing.T) {
 		if diff := cmp.Diff(tc.want, taskPriorities(t, tc.userEnv, adj)); diff != "" {
 			t.Errorf("pod %s with environment %v: CUDA_TASK_PRIORITY (-want,+got):\n%s", tc.pod, tc.userEnv, diff)
 		}
+	}
+	// The image and the pod spec both set it: the runtime would keep the
+	// spec's copy over the agent's, so the container is refused.
+	if _, err := runtime.create(tCtx, "ns", "batch", "uid-batch", "CUDA_TASK_PRIORITY=1", "CUDA_TASK_PRIORITY=0"); err == nil || !strings.Contains(err.Error(), "sets CUDA_TASK_PRIORITY 2 times") {
+		t.Errorf("a container setting CUDA_TASK_PRIORITY twice: %v, want a refusal", err)
 	}
 	if _, err := runtime.create(tCtx, "ns", "typo", "uid-typo"); err == nil || !strings.Contains(err.Error(), `annotation tessera.io/gpu-task-priority: must be "high" or "low", got "hgih"`) {
 		t.Errorf("a container whose pod has an invalid task priority: %v, want a refusal naming the annotation", err)
