@@ -71,7 +71,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	logFile := filepath.Join(o.workDir, "demo.log")
-	if err := quietLogs(logFile); err != nil {
+	if err := cluster.LogToFile(logFile); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "Starting an embedded control plane (etcd + kube-apiserver; logs in %s) and installing manifests/...\n", logFile)
@@ -151,19 +151,6 @@ func run(ctx context.Context, o options, out io.Writer) error {
 			fmt.Fprintf(out, "\n--- %s ---\n%s", time.Now().Format(time.TimeOnly), table)
 		}
 	}
-}
-
-// quietLogs sends the control plane's and scheduler's logs to a file, so the
-// terminal shows only the demo.
-func quietLogs(path string) error {
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL", "log_file": path, "one_output": "true"} {
-		if err := fs.Set(k, v); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // submitExamples creates the objects in the YAML files of dir — pods, in

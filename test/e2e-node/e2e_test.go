@@ -5,6 +5,7 @@ package e2enode
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -225,6 +226,14 @@ func checkInterception(t testing.TB, what string, r *running, want bool) {
 		case want && (m.Source != d.source || hasOption(m.Options, "ro") != d.readOnly):
 			t.Errorf("%s: mount %s is %s %v, want %s read-only=%t", what, dst, m.Source, m.Options, d.source, d.readOnly)
 		}
+	}
+	// What the dynamic loader of every process in the container reads.
+	preload, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/etc/ld.so.preload", r.pid))
+	switch {
+	case want && string(preload) != "/usr/local/vgpu/libvgpu.so\n":
+		t.Errorf("%s: /etc/ld.so.preload holds %q (%v), want the library's path", what, preload, err)
+	case !want && err == nil:
+		t.Errorf("%s: has an /etc/ld.so.preload: %q", what, preload)
 	}
 }
 

@@ -78,9 +78,12 @@ func run(m *testing.M) (int, error) {
 		if code == 0 {
 			_ = os.RemoveAll(suite.dir)
 		} else {
-			fmt.Printf("the logs of containerd and the agent are kept in %s\n", suite.dir)
+			fmt.Printf("the logs of containerd, the agent and the control plane are kept in %s\n", suite.dir)
 		}
 	}()
+	if err := cluster.LogToFile(filepath.Join(suite.dir, "control-plane.log")); err != nil {
+		return 0, err
+	}
 	ctx := context.Background()
 	start := time.Now()
 	if suite.runtime, err = startContainerd(ctx, suite.bin, filepath.Join(suite.dir, "containerd"), suite.runc, cdiSpec(cards)); err != nil {
