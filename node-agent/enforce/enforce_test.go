@@ -44,6 +44,17 @@ func TestFor(t *testing.T) {
 		{Source: "/var/lib/tessera/vgpu-cache", Destination: "/usr/local/vgpu/cache"},
 		{Source: "/tmp/vgpulock", Destination: "/tmp/vgpulock"},
 	}
+	// oneCard is the adjustment of a container with card GPU-1 (4096 MiB,
+	// 30 cores) at the given task priority.
+	oneCard := func(taskPriority string) *Adjustment {
+		return &Adjustment{Env: []EnvVar{
+			{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
+			{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
+			{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+			{"GPU_CORE_UTILIZATION_POLICY", "force"},
+			{"CUDA_TASK_PRIORITY", taskPriority},
+		}, Mounts: mounts}
+	}
 	share := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30},{"index":3,"uuid":"GPU-3","memoryMiB":4096,"cores":30}]}}`
 	one := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30}]}}`
 	whole := `{"version":1,"containers":{"con0":[{"index":2,"uuid":"GPU-2","memoryMiB":81920,"cores":100}]}}`
@@ -70,46 +81,22 @@ func TestFor(t *testing.T) {
 		{
 			name: "a pod at the high task priority computes first on its shared card",
 			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096", "tessera.io/gpu-cores": "30"}, one, ptr.To[int32](1000), ""),
-			want: &Adjustment{Env: []EnvVar{
-				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
-				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
-				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
-				{"GPU_CORE_UTILIZATION_POLICY", "force"},
-				{"CUDA_TASK_PRIORITY", "0"},
-			}, Mounts: mounts},
+			want: oneCard("0"),
 		},
 		{
 			name: "just below the threshold is low",
 			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096", "tessera.io/gpu-cores": "30"}, one, ptr.To[int32](999), ""),
-			want: &Adjustment{Env: []EnvVar{
-				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
-				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
-				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
-				{"GPU_CORE_UTILIZATION_POLICY", "force"},
-				{"CUDA_TASK_PRIORITY", "1"},
-			}, Mounts: mounts},
+			want: oneCard("1"),
 		},
 		{
 			name: "the annotation makes a low-priority pod high",
 			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096"}, one, nil, "high"),
-			want: &Adjustment{Env: []EnvVar{
-				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
-				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
-				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
-				{"GPU_CORE_UTILIZATION_POLICY", "force"},
-				{"CUDA_TASK_PRIORITY", "0"},
-			}, Mounts: mounts},
+			want: oneCard("0"),
 		},
 		{
 			name: "and a high-priority pod low",
 			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu-memory": "4096"}, one, ptr.To[int32](5000), "low"),
-			want: &Adjustment{Env: []EnvVar{
-				{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
-				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
-				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
-				{"GPU_CORE_UTILIZATION_POLICY", "force"},
-				{"CUDA_TASK_PRIORITY", "1"},
-			}, Mounts: mounts},
+			want: oneCard("1"),
 		},
 		{
 			name:    "an invalid task priority: the container must not start",
