@@ -26,7 +26,7 @@ func TestDemoOnce(t *testing.T) {
 		// model selector: the 4-card job is on H100s.
 		regexp.MustCompile(`(?m)^h100-node\s+\d\s+NVIDIA H100.*pretrain-h100$`),
 		regexp.MustCompile(`(?m)^t4-node\s+\d\s+Tesla T4.*video-pipeline$`),
-		regexp.MustCompile(`default/too-big: .*no GPU has 163840 MiB free`),
+		regexp.MustCompile(`default/too-big: .*GPUs: the pod needs 1 GPU with 163840 MiB; 4 nodes with at most 81920 MiB free on a GPU; 1 node without GPUs`),
 		regexp.MustCompile(`default/web on `),
 		// priority: the critical pod preempted one batch job and took its L4.
 		regexp.MustCompile(`(?m)^l4-node\s+\d\s+NVIDIA L4.*l4-critical$`),

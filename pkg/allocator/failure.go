@@ -40,9 +40,13 @@ type Failure struct {
 	Reserved int
 }
 
-// Message describes the failure for an operator, e.g.
-// "no GPU has 8192 MiB free (most free: 6144 MiB)". selector describes the
-// pod's selector for NoMatchingCard.
+// Message describes the failure for an operator, e.g. "no GPU has 8192 MiB
+// free". It depends on the pod and the kind of failure only, never on the
+// node's figures, so that kube-scheduler, which counts identical reasons
+// across nodes, reports one line per kind of failure however big the fleet
+// is; the figures (how much the best card has free) are the summary's (see
+// the GPUShare plugin's PostFilter). selector describes the pod's selector
+// for NoMatchingCard.
 func (f *Failure) Message(selector string) string {
 	switch f.Kind {
 	case NoMatchingCard:
@@ -58,10 +62,8 @@ func (f *Failure) Message(selector string) string {
 		return strconv.Itoa(f.Reserved) + " GPUs reserved for other pods"
 	case TooFewCards:
 		if f.Fit > 0 {
-			b := strconv.AppendInt([]byte("needs "), int64(f.Container.Count), 10)
-			b = append(b, " GPUs, "...)
-			b = strconv.AppendInt(b, int64(f.Fit), 10)
-			return string(append(b, " fit"...))
+			b := strconv.AppendInt([]byte("fewer than "), int64(f.Container.Count), 10)
+			return string(append(b, " GPUs have room"...))
 		}
 	}
 	c := f.Container
@@ -83,14 +85,10 @@ func (f *Failure) Message(selector string) string {
 		return string(append(b, "% compute free"...))
 	case f.MostFree.MemoryMiB < c.MemoryMiB:
 		b = strconv.AppendInt([]byte("no GPU has "), c.MemoryMiB, 10)
-		b = append(b, " MiB free (most free: "...)
-		b = strconv.AppendInt(b, f.MostFree.MemoryMiB, 10)
-		b = append(b, " MiB)"...)
+		b = append(b, " MiB free"...)
 	case f.MostFree.Cores < c.Cores:
 		b = strconv.AppendInt([]byte("no GPU has "), c.Cores, 10)
-		b = append(b, "% compute free (most free: "...)
-		b = strconv.AppendInt(b, f.MostFree.Cores, 10)
-		b = append(b, "%)"...)
+		b = append(b, "% compute free"...)
 	default:
 		b = strconv.AppendInt([]byte("no GPU has both "), c.MemoryMiB, 10)
 		b = append(b, " MiB and "...)

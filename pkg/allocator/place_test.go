@@ -145,27 +145,33 @@ func TestPlaceFailures(t *testing.T) {
 		req       gpuinfo.PodRequest
 		wantKind  allocator.FailureKind
 		wantMsg   string
+		// wantMostFree and wantFit are the figures the summary reports.
+		wantMostFree allocator.Usage
+		wantFit      int
 	}{
 		{
 			name:     "not enough memory anywhere",
 			used:     []allocator.Usage{full, full, full, full},
 			req:      gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 8192, 0)}},
-			wantKind: allocator.NoCapacity,
-			wantMsg:  "no GPU has 8192 MiB free (most free: 6144 MiB)",
+			wantKind:     allocator.NoCapacity,
+			wantMsg:      "no GPU has 8192 MiB free",
+			wantMostFree: allocator.Usage{MemoryMiB: 6144, Cores: 80},
 		},
 		{
 			name:     "not enough compute anywhere",
 			used:     []allocator.Usage{{Cores: 80}, {Cores: 80}, {Cores: 90}, {Cores: 90}},
 			req:      gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 30)}},
-			wantKind: allocator.NoCapacity,
-			wantMsg:  "no GPU has 30% compute free (most free: 20%)",
+			wantKind:     allocator.NoCapacity,
+			wantMsg:      "no GPU has 30% compute free",
+			wantMostFree: allocator.Usage{MemoryMiB: 16384, Cores: 20},
 		},
 		{
 			name:     "too few cards",
 			used:     []allocator.Usage{{}, {}, {}, full},
 			req:      gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 4, 8192, 0)}},
 			wantKind: allocator.TooFewCards,
-			wantMsg:  "needs 4 GPUs, 3 fit",
+			wantMsg:  "fewer than 4 GPUs have room",
+			wantFit:  3,
 		},
 		{
 			name:     "no card is entirely free",
@@ -196,8 +202,9 @@ func TestPlaceFailures(t *testing.T) {
 			req: gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{
 				share("side", gpuinfo.SidecarContainer, 1, 8192, 0), share("app", gpuinfo.AppContainer, 1, 8192, 0),
 			}},
-			wantKind: allocator.NoCapacity,
-			wantMsg:  "no GPU has 8192 MiB free (most free: 6144 MiB)",
+			wantKind:     allocator.NoCapacity,
+			wantMsg:      "no GPU has 8192 MiB free",
+			wantMostFree: allocator.Usage{MemoryMiB: 6144, Cores: 100},
 		},
 	}
 	for _, tc := range tests {
@@ -217,6 +224,12 @@ func TestPlaceFailures(t *testing.T) {
 			}
 			if got := out.Failure.Message(tc.req.Selector.String()); got != tc.wantMsg {
 				t.Errorf("message = %q, want %q", got, tc.wantMsg)
+			}
+			if tc.wantMostFree != (allocator.Usage{}) && out.Failure.MostFree != tc.wantMostFree {
+				t.Errorf("most free = %+v, want %+v", out.Failure.MostFree, tc.wantMostFree)
+			}
+			if out.Failure.Fit != tc.wantFit {
+				t.Errorf("fit = %d, want %d", out.Failure.Fit, tc.wantFit)
 			}
 		})
 	}

@@ -126,7 +126,7 @@ func TestSilentAgentNodeGetsNoPodsUntilItReports(t *testing.T) {
 	}
 	e.startScheduler()
 	e.create(e.podSpec("waiting", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1}))
-	if msg := e.waitUnschedulable("waiting"); !strings.Contains(msg, "GPU agent on node "+name+" not reporting for 10m") {
+	if msg := e.waitUnschedulable("waiting"); !strings.Contains(msg, "1 node with a GPU agent not reporting ("+name+" for 10m") {
 		t.Errorf("message %q does not name the silent agent", msg)
 	}
 	pub.Now = time.Now
@@ -193,7 +193,7 @@ func TestUnenforcedNodeGetsNoGPUPods(t *testing.T) {
 	})
 	e.startScheduler()
 	e.create(e.podSpec("waiting", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 1024}))
-	if msg := e.waitUnschedulable("waiting"); !strings.Contains(msg, "GPU agent on node "+name+" cannot enforce GPU assignments: NRI plugin not connected") {
+	if msg := e.waitUnschedulable("waiting"); !strings.Contains(msg, "1 node with a GPU agent that cannot enforce assignments ("+name+": NRI plugin not connected") {
 		t.Errorf("message %q does not say the node's agent cannot enforce", msg)
 	}
 

@@ -39,8 +39,11 @@ func TestUnfitPodStaysPendingWithReason(t *testing.T) {
 	e.startScheduler()
 	e.create(e.podSpec("huge", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 40000}))
 	msg := e.waitUnschedulable("huge")
-	if !strings.Contains(msg, "no GPU has 40000 MiB free (most free: 15360 MiB)") {
-		t.Errorf("PodScheduled message %q does not name the GPU reason", msg)
+	// kube-scheduler's count of the Filter reason, then GPUShare's summary.
+	for _, want := range []string{"1 no GPU has 40000 MiB free", "GPUs: the pod needs 1 GPU with 40000 MiB; 1 node with at most 15360 MiB free on a GPU"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("PodScheduled message %q does not say %q", msg, want)
+		}
 	}
 	e.waitFor(30*time.Second, "a FailedScheduling event", func() (bool, error) {
 		events, err := e.client.EventsV1().Events(e.ns).List(e.tCtx, metav1.ListOptions{

@@ -2,16 +2,31 @@ package gpushare
 
 import (
 	"context"
+	"errors"
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
+// Filter's reasons that do not depend on the pod. Like every Filter reason,
+// they name no node and no figure, so kube-scheduler counts them into one
+// line per kind however many nodes give them; PostFilter's summary carries
+// the details.
 const (
-	// reasonNoInventory is the Filter reason for a node without an inventory.
-	reasonNoInventory = "GPU inventory missing or invalid"
+	// reasonNoGPUs is the Filter reason for a node without an inventory.
+	reasonNoGPUs = "node has no GPUs"
+	// reasonInvalidInventory is the Filter reason for a node whose inventory
+	// does not decode or validate.
+	reasonInvalidInventory = "GPU inventory invalid"
+	// reasonAgentSilent is the Filter reason for a node whose agent's
+	// heartbeat is older than agentHeartbeatTimeout.
+	reasonAgentSilent = "GPU agent not reporting"
+	// reasonAgentUnready is the Filter reason for a node whose agent says it
+	// cannot enforce assignments.
+	reasonAgentUnready = "GPU agent cannot enforce GPU assignments"
 	// reasonNoState is returned when Filter runs without PreFilter's state.
 	reasonNoState = "GPU request was not parsed in PreFilter"
 )
@@ -27,19 +42,21 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 	}
 	node := nodeInfo.Node().Name
 	if p.agentTimeout > 0 {
-		if age, silent := p.silence(node, p.agentTimeout); silent {
+		if _, silent := p.silence(node, p.agentTimeout); silent {
 			p.wait(node, pod)
-			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentSilentMessage(node, age))
+			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentSilent)
 		}
 	}
-	if reason, unready := p.unready(node); unready {
+	if _, unready := p.unready(node); unready {
 		p.wait(node, pod)
-		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, agentUnreadyMessage(node, reason))
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentUnready)
 	}
 	out, err := p.fit(s, nodeInfo, allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
 	switch {
+	case errors.Is(err, ledger.ErrNoInventory):
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoGPUs)
 	case err != nil:
-		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoInventory)
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonInvalidInventory)
 	case out.Fits:
 		return nil
 	case out.Failure.Kind == allocator.Reserved:

@@ -180,14 +180,14 @@ func TestFilter(t *testing.T) {
 		wantMsg  string
 	}{
 		{"fits", gpuPod("p", testutil.Share(4096, 30)).Obj(), a100, fwk.Success, ""},
-		{"memory short", gpuPod("p", testutil.Share(8192, 10)).Obj(), t4, fwk.Unschedulable, "no GPU has 8192 MiB free (most free: 6144 MiB)"},
-		{"compute short", gpuPod("p", testutil.Share(1024, 30)).Obj(), t4, fwk.Unschedulable, "no GPU has 30% compute free (most free: 20%)"},
-		{"too few cards", gpuPod("p", testutil.Cards(4)).Obj(), a100, fwk.Unschedulable, "needs 4 GPUs, 2 fit"},
+		{"memory short", gpuPod("p", testutil.Share(8192, 10)).Obj(), t4, fwk.Unschedulable, "no GPU has 8192 MiB free"},
+		{"compute short", gpuPod("p", testutil.Share(1024, 30)).Obj(), t4, fwk.Unschedulable, "no GPU has 30% compute free"},
+		{"too few cards", gpuPod("p", testutil.Cards(4)).Obj(), a100, fwk.Unschedulable, "fewer than 4 GPUs have room"},
 		{"model mismatch", gpuPod("p", testutil.Cards(1)).Annotation(gpuinfo.ModelAnnotation, "A100").Obj(), t4, fwk.UnschedulableAndUnresolvable, "no GPU matches model a100"},
 		{"model excluded", gpuPod("p", testutil.Cards(1)).Annotation(gpuinfo.ModelExcludeAnnotation, "a100").Obj(), a100, fwk.UnschedulableAndUnresolvable, "no GPU matches model not a100"},
 		{"uuid chosen", gpuPod("p", testutil.Cards(1)).Annotation(gpuinfo.UUIDAnnotation, "GPU-a-1").Obj(), a100, fwk.Success, ""},
-		{"no inventory", gpuPod("p", testutil.Cards(1)).Obj(), plain, fwk.UnschedulableAndUnresolvable, reasonNoInventory},
-		{"invalid inventory", gpuPod("p", testutil.Cards(1)).Obj(), broken, fwk.UnschedulableAndUnresolvable, reasonNoInventory},
+		{"no inventory", gpuPod("p", testutil.Cards(1)).Obj(), plain, fwk.UnschedulableAndUnresolvable, reasonNoGPUs},
+		{"invalid inventory", gpuPod("p", testutil.Cards(1)).Obj(), broken, fwk.UnschedulableAndUnresolvable, reasonInvalidInventory},
 		{"unhealthy card", gpuPod("p", testutil.Share(1, 0)).Obj(), sickNode, fwk.UnschedulableAndUnresolvable, "no healthy GPU"},
 	}
 	for _, tc := range tests {
@@ -498,7 +498,7 @@ func TestSilentAgentKeepsPodsOff(t *testing.T) {
 	state := framework.NewCycleState()
 	h.plugin.PreFilter(h.ctx, state, pod, nil)
 	s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(silent))
-	if s.Code() != fwk.UnschedulableAndUnresolvable || !strings.HasPrefix(s.Message(), "GPU agent on node silent not reporting for 10m") {
+	if s.Code() != fwk.UnschedulableAndUnresolvable || s.Message() != reasonAgentSilent {
 		t.Errorf("Filter on a node with a silent agent = %v %q", s.Code(), s.Message())
 	}
 	for _, n := range []*v1.Node{alive, noLease} {

@@ -127,14 +127,3 @@ func (hb *heartbeats) onLeaseDelete(obj any) {
 		}
 	}
 }
-
-// agentSilentMessage is Filter's reason for a node whose agent is silent.
-func agentSilentMessage(node string, age time.Duration) string {
-	return "GPU agent on node " + node + " not reporting for " + age.Round(time.Second).String()
-}
-
-// agentUnreadyMessage is Filter's reason for a node whose agent cannot
-// enforce assignments.
-func agentUnreadyMessage(node, reason string) string {
-	return "GPU agent on node " + node + " cannot enforce GPU assignments: " + reason
-}
