@@ -150,17 +150,17 @@ func TestPlaceFailures(t *testing.T) {
 		wantFit      int
 	}{
 		{
-			name:     "not enough memory anywhere",
-			used:     []allocator.Usage{full, full, full, full},
-			req:      gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 8192, 0)}},
+			name:         "not enough memory anywhere",
+			used:         []allocator.Usage{full, full, full, full},
+			req:          gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 8192, 0)}},
 			wantKind:     allocator.NoCapacity,
 			wantMsg:      "no GPU has 8192 MiB free",
 			wantMostFree: allocator.Usage{MemoryMiB: 6144, Cores: 80},
 		},
 		{
-			name:     "not enough compute anywhere",
-			used:     []allocator.Usage{{Cores: 80}, {Cores: 80}, {Cores: 90}, {Cores: 90}},
-			req:      gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 30)}},
+			name:         "not enough compute anywhere",
+			used:         []allocator.Usage{{Cores: 80}, {Cores: 80}, {Cores: 90}, {Cores: 90}},
+			req:          gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 30)}},
 			wantKind:     allocator.NoCapacity,
 			wantMsg:      "no GPU has 30% compute free",
 			wantMostFree: allocator.Usage{MemoryMiB: 16384, Cores: 20},
