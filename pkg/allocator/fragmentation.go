@@ -1,6 +1,8 @@
 package allocator
 
 import (
+	"math"
+
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -214,4 +216,22 @@ func PlaceWithoutGPU(cards []Card, used []Usage, st Strategy) Outcome {
 		o.FragmentationDelta = s.frag.value(w) - before
 	}
 	return o
+}
+
+// Fragmentation measures a node for metrics: its fragmentation with respect
+// to the workload (as FragmentationAware measures it, CPU left aside) and
+// its free GPU, both in per mille of a card. A nil or empty workload
+// fragments nothing.
+func Fragmentation(w *Workload, cards []Card, used []Usage) (fragmented, free float64) {
+	freeUsage := make([]Usage, len(cards))
+	for i := range cards {
+		freeUsage[i] = cards[i].Capacity.sub(used[i])
+	}
+	var f fragment
+	if w == nil || len(w.Shapes) == 0 {
+		f.measure(&Workload{}, cards, freeUsage, math.MaxInt64)
+		return 0, float64(f.total)
+	}
+	f.measure(w, cards, freeUsage, math.MaxInt64)
+	return f.value(w), float64(f.total)
 }

@@ -138,3 +138,19 @@ func TestPlaceWithoutGPU(t *testing.T) {
 		})
 	}
 }
+
+// TestFragmentation: the measure metrics report. Shape: half a card. Cards
+// used 60%, 30%, 0%, 100% leave 40%, 70%, 100%, 0% free; only the 40% card
+// cannot take the shape, so 400 of the 2100 per mille free is fragmented.
+// Without a workload nothing is fragmented.
+func TestFragmentation(t *testing.T) {
+	cards, _ := fourCards()
+	used := usedPct(60, 30, 0, 100)
+	fragmented, free := allocator.Fragmentation(only(pct(50), 0), cards, used)
+	if fragmented != 400 || free != 2100 {
+		t.Errorf("Fragmentation = %v of %v per mille, want 400 of 2100", fragmented, free)
+	}
+	if fragmented, free := allocator.Fragmentation(nil, cards, used); fragmented != 0 || free != 2100 {
+		t.Errorf("Fragmentation without a workload = %v of %v, want 0 of 2100", fragmented, free)
+	}
+}

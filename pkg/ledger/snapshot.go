@@ -10,6 +10,8 @@ type CardUsage struct {
 	Healthy  bool
 	Capacity allocator.Usage
 	Used     allocator.Usage
+	// Pods is how many pods (bound or assumed) hold part of the card.
+	Pods int
 }
 
 // Snapshot returns every node with a valid inventory and the usage of each of
@@ -26,7 +28,32 @@ func (l *Ledger) Snapshot() map[string][]CardUsage {
 		for i, c := range n.cards {
 			cards[i] = CardUsage{Index: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, Capacity: c.Capacity, Used: n.used[i]}
 		}
+		for uid := range n.pods {
+			for i, charge := range l.pods[uid].charge {
+				if i < len(cards) && charge != (allocator.Usage{}) {
+					cards[i].Pods++
+				}
+			}
+		}
 		out[name] = cards
 	}
 	return out
+}
+
+// Fragmentation sums, over every node with a valid inventory, its
+// fragmentation with respect to the workload and its free GPU, in per mille
+// of a card (allocator.Fragmentation). It is for metrics, not the scheduling
+// path.
+func (l *Ledger) Fragmentation(w *allocator.Workload) (fragmented, free float64) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, n := range l.nodes {
+		if n.err != nil {
+			continue
+		}
+		f, total := allocator.Fragmentation(w, n.cards, n.used)
+		fragmented += f
+		free += total
+	}
+	return fragmented, free
 }

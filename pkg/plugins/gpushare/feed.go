@@ -51,17 +51,36 @@ type feed struct {
 	consistent sync.Map
 	// learner learns the workload from the requests of the pods scheduled.
 	learner *workload.Learner
+	// names are the resource names of the first profile (metrics use them
+	// to recognise GPU pods).
+	names gpuinfo.ResourceNames
+	// seq orders the feeds by creation; metrics report the newest.
+	seq uint64
 }
 
 var (
-	feedsMu sync.Mutex
-	feeds   = map[informers.SharedInformerFactory]*feed{}
+	feedsMu  sync.Mutex
+	feeds    = map[informers.SharedInformerFactory]*feed{}
+	feedsSeq uint64
 )
+
+// newestFeed is the live feed created last, or nil.
+func newestFeed() *feed {
+	feedsMu.Lock()
+	defer feedsMu.Unlock()
+	var newest *feed
+	for _, f := range feeds {
+		if newest == nil || f.seq > newest.seq {
+			newest = f
+		}
+	}
+	return newest
+}
 
 // feedFor returns the feed of the handle's informer factory, creating it and
 // registering its handlers on first use. Every profile must watch the agents'
 // Leases in the same namespace.
-func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, error) {
+func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpuinfo.ResourceNames) (*feed, error) {
 	feedsMu.Lock()
 	defer feedsMu.Unlock()
 	factory := h.SharedInformerFactory()
@@ -103,7 +122,17 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string) (*feed, e
 	if reservations != nil {
 		f.handlers = append(f.handlers, reservations)
 	}
+	feedsSeq++
+	f.seq, f.names = feedsSeq, names
 	feeds[factory] = f
+	registerCollector()
+	// The scheduler stops with ctx: its feed leaves the metrics then.
+	go func() {
+		<-ctx.Done()
+		feedsMu.Lock()
+		delete(feeds, factory)
+		feedsMu.Unlock()
+	}()
 	return f, nil
 }
 

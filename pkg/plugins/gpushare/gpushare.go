@@ -77,7 +77,7 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		agentTimeout: args.AgentHeartbeatTimeout.Duration,
 		names:        args.ResourceNames.Contract(),
 	}
-	p.feed, err = feedFor(ctx, h, args.AgentNamespace)
+	p.feed, err = feedFor(ctx, h, args.AgentNamespace, p.names)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,188 @@
+package gpushare
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/component-base/metrics"
+	"k8s.io/component-base/metrics/legacyregistry"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// The scheduler's metrics, in kube-scheduler's own registry (served on its
+// secure port's /metrics). They are read from the ledger when scraped, never
+// on the scheduling path. Cardinality: per card (nodes × cards × 5 series),
+// per card state, per pending reason; never per pod. docs/observability.md
+// lists them.
+var (
+	cardLabels = []string{"node", "card", "model"}
+
+	cardMemoryCapacity = metrics.NewDesc("tessera_gpu_card_memory_capacity_mib",
+		"GPU memory of the card, MiB, as its node's agent reports it.", cardLabels, nil, metrics.ALPHA, "")
+	cardMemoryAllocated = metrics.NewDesc("tessera_gpu_card_memory_allocated_mib",
+		"GPU memory of the card held by pods placed on it (bound or being bound), MiB.", cardLabels, nil, metrics.ALPHA, "")
+	cardCoresAllocated = metrics.NewDesc("tessera_gpu_card_cores_allocated_percent",
+		"Compute of the card held by pods placed on it, percent of the card.", cardLabels, nil, metrics.ALPHA, "")
+	cardPods = metrics.NewDesc("tessera_gpu_card_pods",
+		"Pods holding part of the card.", cardLabels, nil, metrics.ALPHA, "")
+	cardHealthy = metrics.NewDesc("tessera_gpu_card_healthy",
+		"1 when the card takes new pods (healthy, not in MIG mode), else 0.", cardLabels, nil, metrics.ALPHA, "")
+	fleetMemoryCapacity = metrics.NewDesc("tessera_gpu_fleet_memory_capacity_mib",
+		"GPU memory of every healthy card, MiB.", nil, nil, metrics.ALPHA, "")
+	fleetMemoryAllocated = metrics.NewDesc("tessera_gpu_fleet_memory_allocated_mib",
+		"GPU memory held by pods on healthy cards, MiB.", nil, nil, metrics.ALPHA, "")
+	fleetCards = metrics.NewDesc("tessera_gpu_fleet_cards",
+		"Cards by state: free (nothing on it), shared (partly held), full (no memory or compute left), unhealthy.", []string{"state"}, nil, metrics.ALPHA, "")
+	fleetFragmentation = metrics.NewDesc("tessera_gpu_fleet_fragmentation_ratio",
+		"Share of the fleet's free GPU that the requests the scheduler has recently seen could not use (the fragmentation-aware policy's measure, CPU left aside); 0 when nothing is free.", nil, nil, metrics.ALPHA, "")
+	pendingPods = metrics.NewDesc("tessera_gpu_pending_pods",
+		"GPU pods the scheduler marked unschedulable, by the main GPU reason of their last attempt.", []string{"reason"}, nil, metrics.ALPHA, "")
+)
+
+// pendingReasons classifies a pending pod's PodScheduled message, first
+// match wins; the reasons are the label's values.
+var pendingReasons = []struct{ label, marker string }{
+	{"invalid_request", "invalid GPU request"},
+	{"agent", "GPU agent"},
+	{"reserved", "reserved"},
+	{"model", "no GPU matches"},
+	{"unhealthy", "no healthy GPU"},
+	{"memory", "MiB free"},
+	{"compute", "compute free"},
+	{"cards", "GPUs have room"},
+	{"whole_card", "entirely free"},
+	{"no_gpus", "node has no GPUs"},
+}
+
+var registerMetrics sync.Once
+
+// registerCollector adds the plugin's collector to kube-scheduler's
+// registry, once per process; it reads whichever feeds are live.
+func registerCollector() {
+	registerMetrics.Do(func() { legacyregistry.CustomMustRegister(&collector{}) })
+}
+
+// collector reads the live feeds' ledgers and pods when scraped.
+type collector struct {
+	metrics.BaseStableCollector
+}
+
+// DescribeWithStability lists the metrics.
+func (c *collector) DescribeWithStability(ch chan<- *metrics.Desc) {
+	for _, d := range []*metrics.Desc{cardMemoryCapacity, cardMemoryAllocated, cardCoresAllocated, cardPods, cardHealthy,
+		fleetMemoryCapacity, fleetMemoryAllocated, fleetCards, fleetFragmentation, pendingPods} {
+		ch <- d
+	}
+}
+
+// CollectWithStability reports the newest live feed (a process runs one
+// scheduler; tests may leave others behind).
+func (c *collector) CollectWithStability(ch chan<- metrics.Metric) {
+	f := newestFeed()
+	if f == nil {
+		return
+	}
+	var capacity, allocated float64
+	states := map[string]float64{"free": 0, "shared": 0, "full": 0, "unhealthy": 0}
+	for node, cards := range f.ledger.Snapshot() {
+		for _, card := range cards {
+			labels := []string{node, strconv.Itoa(card.Index), card.Model}
+			ch <- metrics.NewLazyConstMetric(cardMemoryCapacity, metrics.GaugeValue, float64(card.Capacity.MemoryMiB), labels...)
+			ch <- metrics.NewLazyConstMetric(cardMemoryAllocated, metrics.GaugeValue, float64(card.Used.MemoryMiB), labels...)
+			ch <- metrics.NewLazyConstMetric(cardCoresAllocated, metrics.GaugeValue, float64(card.Used.Cores), labels...)
+			ch <- metrics.NewLazyConstMetric(cardPods, metrics.GaugeValue, float64(card.Pods), labels...)
+			healthy := 0.0
+			switch {
+			case !card.Healthy:
+				states["unhealthy"]++
+			case card.Used.MemoryMiB >= card.Capacity.MemoryMiB || card.Used.Cores >= card.Capacity.Cores:
+				states["full"]++
+			case card.Pods > 0:
+				states["shared"]++
+			default:
+				states["free"]++
+			}
+			if card.Healthy {
+				healthy = 1
+				capacity += float64(card.Capacity.MemoryMiB)
+				allocated += float64(card.Used.MemoryMiB)
+			}
+			ch <- metrics.NewLazyConstMetric(cardHealthy, metrics.GaugeValue, healthy, labels...)
+		}
+	}
+	ch <- metrics.NewLazyConstMetric(fleetMemoryCapacity, metrics.GaugeValue, capacity)
+	ch <- metrics.NewLazyConstMetric(fleetMemoryAllocated, metrics.GaugeValue, allocated)
+	for state, n := range states {
+		ch <- metrics.NewLazyConstMetric(fleetCards, metrics.GaugeValue, n, state)
+	}
+	fragmented, free := f.ledger.Fragmentation(f.learner.Workload())
+	ratio := 0.0
+	if free > 0 {
+		ratio = fragmented / free
+	}
+	ch <- metrics.NewLazyConstMetric(fleetFragmentation, metrics.GaugeValue, ratio)
+	for reason, n := range f.pendingByReason() {
+		ch <- metrics.NewLazyConstMetric(pendingPods, metrics.GaugeValue, float64(n), reason)
+	}
+}
+
+// pendingByReason counts the unbound GPU pods marked unschedulable, by the
+// reason their PodScheduled condition gives; every label value appears, so
+// a reason that clears drops to 0 rather than vanishing.
+func (f *feed) pendingByReason() map[string]int {
+	counts := map[string]int{"other": 0}
+	for _, r := range pendingReasons {
+		counts[r.label] = 0
+	}
+	for _, obj := range f.pods.List() {
+		pod, ok := obj.(*v1.Pod)
+		if !ok || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
+			continue
+		}
+		msg, unschedulable := unschedulableMessage(pod)
+		if !unschedulable || !asksForGPUs(pod, f.names) {
+			continue
+		}
+		reason := "other"
+		for _, r := range pendingReasons {
+			if strings.Contains(msg, r.marker) {
+				reason = r.label
+				break
+			}
+		}
+		counts[reason]++
+	}
+	return counts
+}
+
+// unschedulableMessage is the pod's PodScheduled=False message, if it has
+// one with reason Unschedulable.
+func unschedulableMessage(pod *v1.Pod) (string, bool) {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse && c.Reason == v1.PodReasonUnschedulable {
+			return c.Message, true
+		}
+	}
+	return "", false
+}
+
+// asksForGPUs reports whether the pod's request names a GPU resource, valid
+// or not.
+func asksForGPUs(pod *v1.Pod, names gpuinfo.ResourceNames) bool {
+	for _, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range cs {
+			for _, n := range []v1.ResourceName{names.GPU, names.Memory, names.MemoryPercent, names.Cores} {
+				if _, ok := c.Resources.Limits[n]; ok {
+					return true
+				}
+				if _, ok := c.Resources.Requests[n]; ok {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
