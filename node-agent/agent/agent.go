@@ -26,6 +26,9 @@ type Agent struct {
 	// Devices, when set, is told the cards after every scan (the device
 	// plugin advertising them to kubelet).
 	Devices interface{ Update([]discovery.Card) }
+	// Metrics, when set, is told the cards after every scan, with the health
+	// published, and every XID error seen, critical or not.
+	Metrics Metrics
 	// Enforcement, when set, is the NRI plugin: its readiness goes on the
 	// heartbeat Lease at once when it changes, and a lasting loss is told
 	// on the Node as an Event.
@@ -50,6 +53,12 @@ type xidWatch struct {
 	cancel  context.CancelFunc
 	stopped chan struct{}
 	events  chan struct{} // a critical XID arrived
+}
+
+// Metrics records what the agent sees for its metrics.
+type Metrics interface {
+	Update([]discovery.Card)
+	ObserveXID(uuid string, xid uint64)
 }
 
 // Enforcement says whether assignments can be enforced now.
@@ -169,6 +178,9 @@ func (a *Agent) scan(ctx context.Context) error {
 	if a.Devices != nil {
 		a.Devices.Update(cards)
 	}
+	if a.Metrics != nil {
+		a.Metrics.Update(cards)
+	}
 	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards))
 	if err != nil {
 		return errors.Join(scanErr, err)
@@ -207,11 +219,14 @@ func (a *Agent) watchXIDs(ctx context.Context, cards []discovery.Card) {
 	a.stopXIDs()
 	logger := klog.FromContext(ctx)
 	watchCtx, cancel := context.WithCancel(ctx)
-	stopped, events := make(chan struct{}), a.xids.events
+	stopped, events, metrics := make(chan struct{}), a.xids.events, a.Metrics
 	a.xids.cards, a.xids.cancel, a.xids.stopped = key, cancel, stopped
 	go func() {
 		defer close(stopped)
 		err := watcher.WatchXIDs(watchCtx, func(uuid string, xid uint64) {
+			if metrics != nil {
+				metrics.ObserveXID(uuid, xid)
+			}
 			critical := a.Health.ObserveXID(uuid, xid)
 			logger.Info("GPU XID error", "uuid", uuid, "xid", xid, "critical", critical)
 			if critical {

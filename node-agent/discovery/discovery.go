@@ -50,3 +50,36 @@ func Inventory(cards []Card) *gpuinfo.Inventory {
 	}
 	return inv
 }
+
+// CardStats is a card's live reading, for metrics.
+type CardStats struct {
+	Index int
+	UUID  string
+	// MemoryUsedMiB, Utilization (0-1) and TemperatureC are -1 when the
+	// backend could not read them.
+	MemoryUsedMiB int64
+	Utilization   float64
+	TemperatureC  float64
+	// Processes are the processes using the card; nil when they could not
+	// be read (ProcessesKnown false).
+	Processes      []Process
+	ProcessesKnown bool
+}
+
+// Process is one process using a card.
+type Process struct {
+	// PID is the process's ID as the backend reports it (NVML: the host's);
+	// 0 when the backend names the container itself.
+	PID uint32
+	// ContainerID is set by backends that know the process's container (the
+	// simulated one): the runtime's container ID, without its "containerd://"
+	// prefix. Otherwise the container is found from the PID's cgroup.
+	ContainerID   string
+	MemoryUsedMiB int64
+}
+
+// StatsReader is a backend that can read its cards' live statistics. Stats
+// returns what it could read and, joined, the errors of what it could not.
+type StatsReader interface {
+	Stats() ([]CardStats, error)
+}

@@ -43,3 +43,26 @@ func TestSimulated(t *testing.T) {
 		})
 	}
 }
+
+func TestSimulatedStats(t *testing.T) {
+	s, err := NewSimulated("n", "2xT4-16GB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := map[string]int64{"ctr-b": 2048, "ctr-a": 1024}
+	s.SetUsage(1, SimulatedUsage{Utilization: 0.5, TemperatureC: 70, Containers: usage, OtherMiB: 10})
+	usage["ctr-a"] = 1 // SetUsage keeps its own copy
+	got, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []CardStats{
+		{Index: 0, UUID: "GPU-sim-n-0", TemperatureC: 30, ProcessesKnown: true, Processes: []Process{}},
+		{Index: 1, UUID: "GPU-sim-n-1", MemoryUsedMiB: 3082, Utilization: 0.5, TemperatureC: 70, ProcessesKnown: true, Processes: []Process{
+			{ContainerID: "ctr-a", MemoryUsedMiB: 1024}, {ContainerID: "ctr-b", MemoryUsedMiB: 2048}, {MemoryUsedMiB: 10},
+		}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("stats (-want,+got):\n%s", diff)
+	}
+}

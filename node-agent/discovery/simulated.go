@@ -2,8 +2,11 @@ package discovery
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // knownModels maps the short names accepted by the simulated backend to
@@ -26,6 +29,9 @@ var knownModels = map[string]struct {
 // they are stable across restarts.
 type Simulated struct {
 	cards []Card
+
+	mu    sync.Mutex
+	usage map[int]SimulatedUsage
 }
 
 // NewSimulated parses spec for the named node.
@@ -76,3 +82,54 @@ func (s *Simulated) Cards() ([]Card, error) { return append([]Card(nil), s.cards
 
 // Close does nothing.
 func (s *Simulated) Close() error { return nil }
+
+// SimulatedUsage is what a simulated card reports as in use: tests set it to
+// check what the agent makes of a card's live statistics.
+type SimulatedUsage struct {
+	// Utilization is the GPU utilisation, 0-1.
+	Utilization  float64
+	TemperatureC float64
+	// Containers is the GPU memory each container's processes use, by
+	// container ID (without the runtime's "containerd://" prefix).
+	Containers map[string]int64
+	// OtherMiB is memory used by processes of no known container.
+	OtherMiB int64
+}
+
+// SetUsage sets what card index reports from now on; its used memory is the
+// sum of Containers and OtherMiB.
+func (s *Simulated) SetUsage(index int, u SimulatedUsage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.usage == nil {
+		s.usage = map[int]SimulatedUsage{}
+	}
+	u.Containers = maps.Clone(u.Containers)
+	s.usage[index] = u
+}
+
+// Stats reports each card's usage as SetUsage set it; a card without one is
+// idle at 30 °C. Each container appears as one process, named by its
+// container ID; OtherMiB as one process of PID 0 and no container.
+func (s *Simulated) Stats() ([]CardStats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	stats := make([]CardStats, 0, len(s.cards))
+	for _, c := range s.cards {
+		u, ok := s.usage[c.Index]
+		if !ok {
+			u.TemperatureC = 30
+		}
+		st := CardStats{Index: c.Index, UUID: c.UUID, Utilization: u.Utilization, TemperatureC: u.TemperatureC, ProcessesKnown: true, Processes: []Process{}}
+		for _, id := range slices.Sorted(maps.Keys(u.Containers)) {
+			st.Processes = append(st.Processes, Process{ContainerID: id, MemoryUsedMiB: u.Containers[id]})
+			st.MemoryUsedMiB += u.Containers[id]
+		}
+		if u.OtherMiB > 0 {
+			st.Processes = append(st.Processes, Process{MemoryUsedMiB: u.OtherMiB})
+			st.MemoryUsedMiB += u.OtherMiB
+		}
+		stats = append(stats, st)
+	}
+	return stats, nil
+}

@@ -32,6 +32,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
@@ -248,6 +249,16 @@ func (p *Plugin) serve(ctx context.Context, socket string) error {
 // getter reading its cache once it has synced. It fails if the cache cannot
 // sync before ctx ends (for example, when the agent may not list pods).
 func WatchPodsOnNode(ctx context.Context, client kubernetes.Interface, node string) (PodGetter, error) {
+	lister, err := PodsOnNode(ctx, client, node)
+	if err != nil {
+		return nil, err
+	}
+	return func(namespace, name string) (*v1.Pod, error) { return lister.Pods(namespace).Get(name) }, nil
+}
+
+// PodsOnNode is WatchPodsOnNode's informer, as a lister of its cache: the
+// node agent's one watch of its pods serves both enforcement and metrics.
+func PodsOnNode(ctx context.Context, client kubernetes.Interface, node string) (corelisters.PodLister, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 	}))
@@ -258,5 +269,5 @@ func WatchPodsOnNode(ctx context.Context, client kubernetes.Interface, node stri
 			return nil, fmt.Errorf("the informer of %v on node %s did not sync: %w", typ, node, context.Cause(ctx))
 		}
 	}
-	return func(namespace, name string) (*v1.Pod, error) { return lister.Pods(namespace).Get(name) }, nil
+	return lister, nil
 }

@@ -193,7 +193,7 @@ func startAgent(ctx context.Context) (*agentProcess, error) {
 		"--vgpu-preload="+filepath.Join(vgpuDir(), "ld.so.preload"),
 		"--vgpu-cache-dir="+filepath.Join(vgpuDir(), "cache"),
 		"--vgpu-lock-dir="+filepath.Join(vgpuDir(), "lock"),
-		"--heartbeat-interval=1s", "--lease-duration=5s", "-v=2")
+		"--heartbeat-interval=1s", "--lease-duration=5s", "--metrics-address=127.0.0.1:0", "-v=2")
 	a.cmd.Stdout, a.cmd.Stderr = log, log
 	if err := a.cmd.Start(); err != nil {
 		return nil, err

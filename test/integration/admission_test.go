@@ -302,8 +302,9 @@ func TestAdmissionPolicies(t *testing.T) {
 
 // TestWorkloadsMeetPodSecurity creates, as dry runs, the pods the shipped
 // Deployment and DaemonSet would create, in namespaces that enforce Pod
-// Security levels: the scheduler's pod meets restricted, and the only thing
-// keeping the agent's from baseline is its host paths.
+// Security levels: the scheduler's pod meets restricted, and the only things
+// keeping the agent's from baseline are its host paths and the host's PID
+// namespace (to attribute GPU processes to containers).
 func TestWorkloadsMeetPodSecurity(t *testing.T) {
 	e := newEnv(t)
 	objs, err := install.Render(install.Base)
@@ -316,7 +317,7 @@ func TestWorkloadsMeetPodSecurity(t *testing.T) {
 		wantViolations string
 	}{
 		{"Deployment", "tessera-scheduler", "restricted", ""},
-		{"DaemonSet", "tessera-node-agent", "baseline", `hostPath volumes (volumes "device-plugins", "nri", "vgpu", "vgpu-cache", "vgpu-lock")`},
+		{"DaemonSet", "tessera-node-agent", "baseline", `host namespaces (hostPID=true), hostPath volumes (volumes "device-plugins", "nri", "vgpu", "vgpu-cache", "vgpu-lock")`},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			ns, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -25,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/discovery/nvidia"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/health"
+	"github.com/tessera-gpu/tessera/node-agent/metrics"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
@@ -55,6 +59,7 @@ func main() {
 	flag.StringVar(&enforcement.CDIKind, "cdi-kind", enforcement.CDIKind, "CDI kind the assigned cards are handed over as, besides NVIDIA_VISIBLE_DEVICES (the node's CDI spec must define it: nvidia-ctk cdi generate); empty hands them over by the variable alone, which a container toolkit refusing it from unprivileged containers ignores")
 	cdiNames := flag.String("cdi-device-names", string(enforcement.CDINames), "how the node's CDI spec names the cards: index (nvidia-ctk's default) or uuid")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
+	metricsAddress := flag.String("metrics-address", ":9402", "address of the Prometheus /metrics endpoint (the cards' and the containers' GPU metrics, docs/node-agent.md); empty disables it")
 	unrestricted := flag.String("unrestricted-namespaces", "gpu-operator", "comma-separated namespaces whose containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter); every other container without an assignment sees no card")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -87,14 +92,14 @@ func main() {
 		enforcement.Names, enforcement.HighTaskPriority = names, int32(*highTaskPriority)
 		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second, Unrestricted: unrestrictedNamespaces(*namespace, *unrestricted)}
 	}
-	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin, enforcer, *nriSocket); err != nil {
+	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin, enforcer, *nriSocket, *metricsAddress); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, plugin *deviceplugin.Plugin, enforcer *nri.Plugin, nriSocket string) error {
+func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, plugin *deviceplugin.Plugin, enforcer *nri.Plugin, nriSocket, metricsAddress string) error {
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
@@ -138,6 +143,13 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			}
 		}()
 	}
+	var collector *metrics.Collector
+	if metricsAddress != "" {
+		collector = metrics.New(nodeName, backend)
+		collector.Logger = klog.FromContext(ctx)
+		a.Metrics = collector
+		serveMetrics(ctx, metricsAddress, collector)
+	}
 	if enforcer != nil {
 		if err := enforcer.Enforce.Paths.WritePreload(); err != nil {
 			return fmt.Errorf("writing %s: %w", enforcer.Enforce.Paths.HostPreload, err)
@@ -146,19 +158,43 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		// while the pod cache syncs fail (and are retried) instead of
 		// starting without enforcement.
 		go enforcer.Run(ctx, nriSocket)
+		a.Enforcement = enforcer
+	}
+	if enforcer != nil || collector != nil {
 		go func() {
-			// The pods bound to this node, as the API server has them.
-			pods, err := nri.WatchPodsOnNode(ctx, client, nodeName)
+			// The pods bound to this node, as the API server has them: one
+			// watch for enforcement and metrics.
+			pods, err := nri.PodsOnNode(ctx, client, nodeName)
 			if err != nil {
-				klog.ErrorS(err, "No pod cache: GPU containers on this node cannot start")
+				klog.ErrorS(err, "No pod cache: GPU containers on this node cannot start, and no container metrics")
 				return
 			}
-			enforcer.SetPods(pods)
+			if enforcer != nil {
+				enforcer.SetPods(func(namespace, name string) (*v1.Pod, error) { return pods.Pods(namespace).Get(name) })
+			}
+			if collector != nil {
+				collector.SetPods(func() ([]*v1.Pod, error) { return pods.List(labels.Everything()) })
+			}
 		}()
-		a.Enforcement = enforcer
 	}
 	a.Run(ctx)
 	return nil
+}
+
+// serveMetrics serves the collector's metrics on address until ctx ends. An
+// address it cannot listen on is logged: the agent runs on without metrics.
+func serveMetrics(ctx context.Context, address string, collector *metrics.Collector) {
+	ln, err := net.Listen("tcp", address)
+	if err != nil {
+		klog.ErrorS(err, "No metrics endpoint", "address", address)
+		return
+	}
+	klog.InfoS("Serving metrics", "address", ln.Addr().String())
+	go func() {
+		if err := metrics.Serve(ctx, ln, metrics.NewRegistry(collector)); err != nil {
+			klog.ErrorS(err, "Metrics endpoint stopped", "address", address)
+		}
+	}()
 }
 
 // resourceNames are the names pods ask for GPUs with: those of the
