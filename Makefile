@@ -27,10 +27,11 @@ CONTAINERD_TAGS := no_btrfs no_devmapper no_zfs
 
 all: build
 
-## build: the scheduler and the node agent into bin/
+## build: the scheduler, the node agent and the kubectl plugin into bin/
 build:
 	$(GO) build -o $(BIN)/tessera-scheduler ./cmd/scheduler
 	$(GO) build -o $(BIN)/node-agent ./node-agent/cmd/node-agent
+	$(GO) build -o $(BIN)/kubectl-tessera ./cmd/kubectl-tessera
 
 ## release-scheduler, release-node-agent: the binaries the images ship (the Dockerfiles run these).
 ## The scheduler is static (no cgo); the agent needs cgo and glibc to dlopen the driver's NVML.

@@ -1,0 +1,355 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/fleet"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// env is the cluster every test reads: one control plane per test binary.
+var env struct {
+	cp         *cluster.ControlPlane
+	kubeconfig string
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code, err := runMain(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "setting up the cluster:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// runMain starts a control plane with simulated GPU nodes and Tessera's
+// scheduler, places the test pods, and runs the tests.
+func runMain(m *testing.M) (int, error) {
+	dir, err := os.MkdirTemp("", "kubectl-tessera-test")
+	if err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(dir)
+	if err := cluster.LogToFile(filepath.Join(dir, "test.log")); err != nil {
+		return 1, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cp, err := cluster.Start(func(string, ...any) {})
+	if err != nil {
+		return 1, err
+	}
+	defer cp.Stop()
+	env.cp, env.kubeconfig = cp, filepath.Join(dir, "kubeconfig")
+	if err := cp.WriteKubeconfig(env.kubeconfig); err != nil {
+		return 1, err
+	}
+	if err := addNodes(ctx, cp); err != nil {
+		return 1, err
+	}
+	schedulerKubeconfig, schedulerConfig := filepath.Join(dir, "scheduler-kubeconfig"), filepath.Join(dir, "scheduler-config.yaml")
+	if err := cp.WriteSchedulerKubeconfig(schedulerKubeconfig); err != nil {
+		return 1, err
+	}
+	if err := cluster.WriteSchedulerConfig(cp.SchedulerConfig, schedulerKubeconfig, schedulerConfig); err != nil {
+		return 1, err
+	}
+	sched, err := cluster.StartScheduler(ctx, schedulerConfig)
+	if err != nil {
+		return 1, err
+	}
+	defer sched.Stop()
+	if err := placePods(ctx, cp); err != nil {
+		return 1, err
+	}
+	return m.Run(), nil
+}
+
+// addNodes creates the GPU nodes: two A100s, two T4s, an L4 node whose agent
+// says it cannot enforce assignments, and a node whose inventory is invalid.
+func addNodes(ctx context.Context, cp *cluster.ControlPlane) error {
+	for _, n := range []struct {
+		name  string
+		spec  cluster.CardSpec
+		cards int
+	}{{"a100-node", cluster.A100, 2}, {"t4-node", cluster.T4, 2}, {"l4-node", cluster.L4, 1}} {
+		if _, err := cp.AddSimulatedNode(ctx, n.name, n.spec, n.cards, nil); err != nil {
+			return fmt.Errorf("node %s: %w", n.name, err)
+		}
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"NRI plugin not connected"}}}`, gpuinfo.AgentNotReadyAnnotation)
+	if _, err := cp.Client.CoordinationV1().Leases(fleet.AgentNamespace).Patch(ctx, gpuinfo.AgentLeasePrefix+"l4-node",
+		types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("marking l4-node's agent not ready: %w", err)
+	}
+	if _, err := cluster.CreateNode(ctx, cp.Client, "bad-node", nil); err != nil {
+		return err
+	}
+	return cp.PublishInventory(ctx, "bad-node", `{"version":1,"cards":[{"index":0,"uuid":"","model":"X","memoryMiB":1024,"cores":100}]}`)
+}
+
+// testPod is a pod for the tessera-binpack profile; each container has the
+// given GPU limits.
+func testPod(ns, name string, annotations map[string]string, containers ...v1.Container) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: annotations},
+		Spec:       v1.PodSpec{SchedulerName: "tessera-binpack", Containers: containers},
+	}
+}
+
+// gpuContainer is a container with the given limits, resource name (without
+// the tessera.io/ prefix) to value.
+func gpuContainer(name string, limits map[string]int64) v1.Container {
+	c := v1.Container{Name: name, Image: "example.com/app:1", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{}}}
+	for k, v := range limits {
+		c.Resources.Limits[v1.ResourceName(gpuinfo.Domain+"/"+k)] = *resource.NewQuantity(v, resource.DecimalSI)
+	}
+	return c
+}
+
+// placePods creates the test pods one by one, each waiting to be bound (or
+// marked unschedulable) before the next, so the cards they get do not
+// depend on timing.
+func placePods(ctx context.Context, cp *cluster.ControlPlane) error {
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b"}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	a100 := map[string]string{gpuinfo.ModelAnnotation: "A100"}
+	video := testPod("team-b", "video", map[string]string{gpuinfo.ModelAnnotation: "T4"},
+		gpuContainer("main", map[string]int64{"gpu-memory": 8192, "gpu-cores": 50}),
+		gpuContainer("encoder", map[string]int64{"gpu-memory": 4096, "gpu-cores": 20}))
+	video.Spec.InitContainers = []v1.Container{gpuContainer("warmup", map[string]int64{"gpu-memory-percent": 25, "gpu-cores": 10})}
+	bound := []*v1.Pod{
+		testPod("default", "train", a100, gpuContainer("main", map[string]int64{"gpu": 1})),
+		testPod("default", "infer-0", a100, gpuContainer("main", map[string]int64{"gpu-memory": 20480, "gpu-cores": 30})),
+		testPod("default", "infer-1", a100, gpuContainer("main", map[string]int64{"gpu-memory": 20480, "gpu-cores": 30})),
+		video,
+	}
+	elsewhere := testPod("default", "no-such-node", nil, gpuContainer("main", map[string]int64{"gpu-memory": 1024}))
+	elsewhere.Spec.NodeSelector = map[string]string{"example.com/pool": "none"}
+	pending := []*v1.Pod{
+		elsewhere,
+		testPod("default", "too-big", nil, gpuContainer("main", map[string]int64{"gpu-memory": 163840})),
+		testPod("default", "wrong-model", map[string]string{gpuinfo.ModelAnnotation: "B200"}, gpuContainer("main", map[string]int64{"gpu-memory": 1024})),
+	}
+	for _, p := range append(bound, pending...) {
+		if _, err := cp.Client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := cp.Client.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			return got.Spec.NodeName != "" || scheduledMessage(got) != "", nil
+		})
+		if err != nil {
+			return fmt.Errorf("waiting for pod %s/%s to be scheduled or refused: %w", p.Namespace, p.Name, err)
+		}
+	}
+	web := testPod("default", "web", nil, v1.Container{Name: "nginx", Image: "nginx"})
+	_, err := cp.Client.CoreV1().Pods("default").Create(ctx, web, metav1.CreateOptions{})
+	return err
+}
+
+// result is what a command printed and returned, as a golden file holds it.
+func result(stdout, stderr string, err error) string {
+	s := stdout
+	if stderr != "" {
+		s += "--- stderr ---\n" + stderr
+	}
+	if err != nil {
+		s += "--- error ---\n" + err.Error() + "\n"
+	}
+	return s
+}
+
+// kubectlTessera runs the plugin in this process against the test cluster.
+func kubectlTessera(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := newRootCommand(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut})
+	cmd.SetArgs(append(args, "--kubeconfig", env.kubeconfig))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err = cmd.ExecuteContext(ctx)
+	return out.String(), errOut.String(), err
+}
+
+// checkGolden compares got with testdata/name.golden, or rewrites it with
+// -update.
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("kubectl tessera output differs from %s (-want,+got):\n%s", path, diff)
+	}
+}
+
+func TestCommands(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		bars bool
+	}{
+		{name: "nodes", args: []string{"nodes"}},
+		{name: "nodes-bars", args: []string{"nodes"}, bars: true},
+		{name: "nodes-wide", args: []string{"nodes", "-o", "wide"}},
+		{name: "nodes-json", args: []string{"nodes", "-o", "json"}},
+		{name: "nodes-yaml", args: []string{"nodes", "-o", "yaml", "-n", "team-b"}},
+		{name: "pod-bound", args: []string{"pod", "train"}},
+		{name: "pod-bound-init-containers", args: []string{"pod", "video", "-n", "team-b"}},
+		{name: "pod-bound-json", args: []string{"pod", "infer-1", "-o", "json"}},
+		{name: "pod-pending-too-big", args: []string{"pod", "too-big"}},
+		{name: "pod-pending-selector", args: []string{"pod", "wrong-model", "--namespace", "default"}},
+		{name: "pod-pending-gpus-fit", args: []string{"pod", "no-such-node"}},
+		{name: "pod-pending-json", args: []string{"pod", "too-big", "-o", "json"}},
+		{name: "pod-without-gpus", args: []string{"pod", "web"}},
+		{name: "pod-not-found", args: []string{"pod", "nope"}},
+		{name: "pod-wrong-namespace", args: []string{"pod", "video"}},
+		{name: "bad-output-format", args: []string{"nodes", "-o", "xml"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.bars {
+				isTerminal = func(io.Writer) bool { return true }
+				defer func() { isTerminal = terminal }()
+			}
+			checkGolden(t, tc.name, result(kubectlTessera(t, tc.args...)))
+		})
+	}
+}
+
+// TestTop runs top first with no node agent pods, then with an agent pod on
+// a100-node whose metrics endpoint the API server's pod proxy reaches.
+func TestTop(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{name: "top-no-agents", args: []string{"top", "-A"}},
+		{name: "top-no-agents-namespace", args: []string{"top", "-n", "team-b", "-o", "wide"}},
+		{name: "top-no-agents-json", args: []string{"top", "-o", "json"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkGolden(t, tc.name, result(kubectlTessera(t, tc.args...)))
+		})
+	}
+	t.Run("top-agent", func(t *testing.T) {
+		serveAgentMetrics(t, "a100-node",
+			`# HELP tessera_agent_container_memory_used_mib Memory a container uses on a card.
+# TYPE tessera_agent_container_memory_used_mib gauge
+tessera_agent_container_memory_used_mib{node="a100-node",namespace="default",pod="infer-0",container="main",card="1"} 5120
+tessera_agent_container_memory_used_mib{node="a100-node",namespace="default",pod="train",container="main",card="0"} 70000.4
+`)
+		checkGolden(t, "top-agent", result(kubectlTessera(t, "top", "-A")))
+		stdout, stderr, err := kubectlTessera(t, "top", "-o", "json")
+		if err != nil {
+			t.Fatalf("top -o json: %v\n%s", err, stderr)
+		}
+		var list ContainerUsageList
+		if err := json.Unmarshal([]byte(stdout), &list); err != nil {
+			t.Fatalf("top -o json printed invalid JSON: %v\n%s", err, stdout)
+		}
+		got := map[string]float64{}
+		for _, c := range list.Items {
+			if c.MemoryUsedMiB != nil {
+				got[c.Pod] = *c.MemoryUsedMiB
+			}
+		}
+		if diff := cmp.Diff(map[string]float64{"infer-0": 5120, "train": 70000.4}, got); diff != "" {
+			t.Errorf("memory used (-want,+got):\n%s", diff)
+		}
+	})
+}
+
+// serveAgentMetrics serves metrics on port 9402 of a global unicast address
+// of this machine (the API server's pod proxy refuses loopback) and creates a
+// running node agent pod on node with that address. It skips the test when
+// the machine has no such address or the port is taken.
+func serveAgentMetrics(t *testing.T, node, metrics string) {
+	t.Helper()
+	ip := globalUnicastIP()
+	if ip == "" {
+		t.Skip("no global unicast address on this machine for the API server's pod proxy to reach")
+	}
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, agentMetricsPort))
+	if err != nil {
+		t.Skipf("cannot serve the agent's metrics: %v", err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, metrics)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	ctx := context.Background()
+	pods := env.cp.Client.CoreV1().Pods(fleet.AgentNamespace)
+	agent := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "tessera-node-agent-" + node, Labels: map[string]string{"app.kubernetes.io/name": "tessera-node-agent"}},
+		Spec:       v1.PodSpec{NodeName: node, Containers: []v1.Container{{Name: "agent", Image: "tessera-node-agent"}}},
+	}
+	agent, err = pods.Create(ctx, agent, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pods.Delete(ctx, agent.Name, *metav1.NewDeleteOptions(0)) })
+	agent.Status = v1.PodStatus{Phase: v1.PodRunning, PodIP: ip, PodIPs: []v1.PodIP{{IP: ip}}}
+	if _, err := pods.UpdateStatus(ctx, agent, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// globalUnicastIP returns an IPv4 global unicast address of this machine, or "".
+func globalUnicastIP() string {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return ""
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && n.IP.IsGlobalUnicast() {
+			return n.IP.String()
+		}
+	}
+	return ""
+}
+
+// terminal is the real isTerminal, restored after tests that replace it.
+var terminal = isTerminal
