@@ -8,16 +8,19 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 	v1 "k8s.io/api/core/v1"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -405,5 +408,24 @@ func TestCollectorFindsContainersByPID(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, samples(t, c, "tessera_agent_container_memory_used_mib")); diff != "" {
 		t.Errorf("samples (-want,+got):\n%s", diff)
+	}
+}
+
+// TestMetricsDocumented: the agent exports exactly the tessera_ metrics
+// docs/observability.md lists (the alert rules are checked against that
+// list).
+func TestMetricsDocumented(t *testing.T) {
+	ch := make(chan *prometheus.Desc, 32)
+	New("n", nil).Describe(ch)
+	close(ch)
+	var got []string
+	for d := range ch {
+		if name := testutil.DescName(d.String()); strings.HasPrefix(name, "tessera_") {
+			got = append(got, name)
+		}
+	}
+	sort.Strings(got)
+	if diff := cmp.Diff(testutil.DocumentedMetrics(t, "Agent metrics"), got); diff != "" {
+		t.Errorf("exported metrics (-documented,+exported):\n%s", diff)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/component-base/metrics"
@@ -38,6 +39,10 @@ var (
 		"Cards by state: free (nothing on it), shared (partly held), full (no memory or compute left), unhealthy.", []string{"state"}, nil, metrics.ALPHA, "")
 	fleetFragmentation = metrics.NewDesc("tessera_gpu_fleet_fragmentation_ratio",
 		"Share of the fleet's free GPU that the requests the scheduler has recently seen could not use (the fragmentation-aware policy's measure, CPU left aside); 0 when nothing is free.", nil, nil, metrics.ALPHA, "")
+	agentHeartbeatAge = metrics.NewDesc("tessera_gpu_agent_heartbeat_age_seconds",
+		"Time since the node's GPU agent last renewed its heartbeat Lease (nodes with a Lease).", []string{"node"}, nil, metrics.ALPHA, "")
+	agentReady = metrics.NewDesc("tessera_gpu_agent_ready",
+		"0 while the node's GPU agent says it cannot enforce assignments (tessera.io/agent-not-ready on its Lease), else 1.", []string{"node"}, nil, metrics.ALPHA, "")
 	pendingPods = metrics.NewDesc("tessera_gpu_pending_pods",
 		"GPU pods the scheduler marked unschedulable, by the main GPU reason of their last attempt.", []string{"reason"}, nil, metrics.ALPHA, "")
 )
@@ -73,7 +78,7 @@ type collector struct {
 // DescribeWithStability lists the metrics.
 func (c *collector) DescribeWithStability(ch chan<- *metrics.Desc) {
 	for _, d := range []*metrics.Desc{cardMemoryCapacity, cardMemoryAllocated, cardCoresAllocated, cardPods, cardHealthy,
-		fleetMemoryCapacity, fleetMemoryAllocated, fleetCards, fleetFragmentation, pendingPods} {
+		fleetMemoryCapacity, fleetMemoryAllocated, fleetCards, fleetFragmentation, agentHeartbeatAge, agentReady, pendingPods} {
 		ch <- d
 	}
 }
@@ -124,6 +129,15 @@ func (c *collector) CollectWithStability(ch chan<- metrics.Metric) {
 		ratio = fragmented / free
 	}
 	ch <- metrics.NewLazyConstMetric(fleetFragmentation, metrics.GaugeValue, ratio)
+	f.renewals.Range(func(node, renewed any) bool {
+		ch <- metrics.NewLazyConstMetric(agentHeartbeatAge, metrics.GaugeValue, time.Since(renewed.(time.Time)).Seconds(), node.(string))
+		ready := 1.0
+		if _, unready := f.unready(node.(string)); unready {
+			ready = 0
+		}
+		ch <- metrics.NewLazyConstMetric(agentReady, metrics.GaugeValue, ready, node.(string))
+		return true
+	})
 	for reason, n := range f.pendingByReason() {
 		ch <- metrics.NewLazyConstMetric(pendingPods, metrics.GaugeValue, float64(n), reason)
 	}

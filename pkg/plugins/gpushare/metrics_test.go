@@ -1,10 +1,14 @@
 package gpushare
 
 import (
+	"sort"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/component-base/metrics"
 	"k8s.io/component-base/metrics/testutil"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 
@@ -34,6 +38,7 @@ func TestMetrics(t *testing.T) {
 		pendingPod("picky", "0/2 nodes are available: 2 no GPU matches model h100.", tt.Cards(1)),
 		pendingPod("cpu-only", "0/2 nodes are available: 2 Insufficient cpu.", nil),
 		st.MakePod().Name("bound-cpu").Namespace("default").Node("a100").Obj(),
+		agentLease("a100", time.Now()),
 	)
 	want := `
 # HELP tessera_gpu_card_cores_allocated_percent [ALPHA] Compute of the card held by pods placed on it, percent of the card.
@@ -73,6 +78,9 @@ tessera_gpu_fleet_memory_allocated_mib 30720
 # HELP tessera_gpu_fleet_memory_capacity_mib [ALPHA] GPU memory of every healthy card, MiB.
 # TYPE tessera_gpu_fleet_memory_capacity_mib gauge
 tessera_gpu_fleet_memory_capacity_mib 163840
+# HELP tessera_gpu_agent_ready [ALPHA] 0 while the node's GPU agent says it cannot enforce assignments (tessera.io/agent-not-ready on its Lease), else 1.
+# TYPE tessera_gpu_agent_ready gauge
+tessera_gpu_agent_ready{node="a100"} 1
 # HELP tessera_gpu_pending_pods [ALPHA] GPU pods the scheduler marked unschedulable, by the main GPU reason of their last attempt.
 # TYPE tessera_gpu_pending_pods gauge
 tessera_gpu_pending_pods{reason="agent"} 0
@@ -91,7 +99,24 @@ tessera_gpu_pending_pods{reason="whole_card"} 0
 	if err := testutil.CustomCollectAndCompare(c, strings.NewReader(want),
 		"tessera_gpu_card_cores_allocated_percent", "tessera_gpu_card_healthy", "tessera_gpu_card_memory_allocated_mib",
 		"tessera_gpu_card_memory_capacity_mib", "tessera_gpu_card_pods", "tessera_gpu_fleet_cards",
-		"tessera_gpu_fleet_memory_allocated_mib", "tessera_gpu_fleet_memory_capacity_mib", "tessera_gpu_pending_pods"); err != nil {
+		"tessera_gpu_fleet_memory_allocated_mib", "tessera_gpu_fleet_memory_capacity_mib", "tessera_gpu_pending_pods", "tessera_gpu_agent_ready"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestMetricsDocumented: the scheduler exports exactly the metrics
+// docs/observability.md lists (the alert rules are checked against that
+// list).
+func TestMetricsDocumented(t *testing.T) {
+	ch := make(chan *metrics.Desc, 32)
+	(&collector{}).DescribeWithStability(ch)
+	close(ch)
+	var got []string
+	for d := range ch {
+		got = append(got, tt.DescName(d.String()))
+	}
+	sort.Strings(got)
+	if diff := cmp.Diff(tt.DocumentedMetrics(t, "Scheduler metrics"), got); diff != "" {
+		t.Errorf("exported metrics (-documented,+exported):\n%s", diff)
 	}
 }
