@@ -131,7 +131,11 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	if o.once {
 		return nil
 	}
-	fmt.Fprintf(out, "\nSubmit your own pods and watch them placed:\n  kubectl --kubeconfig %s apply -f %s\nPress Ctrl-C to stop.\n", kubeconfig, filepath.Join(o.examples, "inference.yaml"))
+	fmt.Fprintf(out, "\nLook at the fleet with Tessera's kubectl plugin (only Go needed):\n"+
+		"  go run ./cmd/kubectl-tessera --kubeconfig %[1]s nodes\n"+
+		"  go run ./cmd/kubectl-tessera --kubeconfig %[1]s pod too-big\n"+
+		"Submit your own pods and watch them placed (with kubectl installed):\n"+
+		"  kubectl --kubeconfig %[1]s apply -f %[2]s\nPress Ctrl-C to stop.\n", kubeconfig, filepath.Join(o.examples, "inference.yaml"))
 	for {
 		select {
 		case <-ctx.Done():
