@@ -5,6 +5,8 @@ package e2enode
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -267,6 +269,23 @@ func TestSharedCards(t *testing.T) {
 		checkEnv(t, what, r, wantShared(pod, "main", cards, priority))
 		checkDevices(t, what, r, cards)
 		checkInterception(t, what, r, true)
+	}
+	// The agent's endpoint reports each container's assignment.
+	resp, err := http.Get("http://" + agentMetricsAddress + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"critical", "batch"} {
+		card := cardsOf(tCtx, pods[name], "main")[0]
+		want := fmt.Sprintf(`tessera_agent_container_memory_assigned_mib{card="%d",container="main",namespace="%s",node="%s",pod="%s"} %d`, card.Index, ns, node, name, card.MemoryMiB)
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("the agent's metrics lack %s", want)
+		}
 	}
 }
 

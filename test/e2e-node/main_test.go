@@ -124,6 +124,9 @@ func run(m *testing.M) (int, error) {
 	return code, nil
 }
 
+// agentMetricsAddress is where the agent serves its metrics in the test.
+const agentMetricsAddress = "127.0.0.1:19402"
+
 // otherNode is a second GPU node, whose pods must not start on node.
 const otherNode = "e2e-other"
 
@@ -193,7 +196,7 @@ func startAgent(ctx context.Context) (*agentProcess, error) {
 		"--vgpu-preload="+filepath.Join(vgpuDir(), "ld.so.preload"),
 		"--vgpu-cache-dir="+filepath.Join(vgpuDir(), "cache"),
 		"--vgpu-lock-dir="+filepath.Join(vgpuDir(), "lock"),
-		"--heartbeat-interval=1s", "--lease-duration=5s", "--metrics-address=127.0.0.1:0", "-v=2")
+		"--heartbeat-interval=1s", "--lease-duration=5s", "--metrics-address="+agentMetricsAddress, "-v=2")
 	a.cmd.Stdout, a.cmd.Stderr = log, log
 	if err := a.cmd.Start(); err != nil {
 		return nil, err
