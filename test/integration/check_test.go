@@ -3,6 +3,8 @@ package integration
 import (
 	"testing"
 
+	v1 "k8s.io/api/core/v1"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
@@ -16,28 +18,14 @@ import (
 // gives it. It returns the number of bound GPU pods it counted.
 func (e *env) checkNoOvercommit(t *testing.T) int {
 	t.Helper()
-	cards, capacity := e.nodeCards(t)
-	where := map[string]string{}
-	for node, nodeCards := range cards {
-		for _, c := range nodeCards {
-			where[c.UUID] = node
-		}
-	}
-	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := testutil.HeldByPods(pods.Items, capacity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for uuid, h := range held {
-		if c := capacity[uuid]; h.MemoryMiB > c.MemoryMiB || h.Cores > c.Cores {
-			t.Errorf("node %s card %s is over-committed: %+v of %+v", where[uuid], uuid, h, c)
+	u := e.usage(t)
+	for uuid, h := range u.held {
+		if c := u.capacity[uuid]; h.MemoryMiB > c.MemoryMiB || h.Cores > c.Cores {
+			t.Errorf("node %s card %s is over-committed: %+v of %+v", u.where[uuid].node, uuid, h, c)
 		}
 	}
 	bound := 0
-	for _, p := range pods.Items {
+	for _, p := range u.pods {
 		if _, ok := p.Annotations[gpuinfo.AssignmentAnnotation]; ok && p.Spec.NodeName != "" {
 			bound++
 		}
@@ -69,4 +57,42 @@ func (e *env) nodeCards(t interface {
 		}
 	}
 	return cards, capacity
+}
+
+// cardUsage is what the test's pods hold on the test's nodes' cards,
+// recomputed from the API with the contract's rules (testutil.HeldByPods).
+type cardUsage struct {
+	// where locates each card (by UUID).
+	where map[string]cardPlace
+	// capacity and held are by card UUID.
+	capacity, held map[string]testutil.Use
+	// pods are the namespace's pods, as listed.
+	pods []v1.Pod
+}
+
+// cardPlace is a card's node and index.
+type cardPlace struct {
+	node  string
+	index int
+}
+
+// usage computes cardUsage.
+func (e *env) usage(t *testing.T) cardUsage {
+	t.Helper()
+	cards, capacity := e.nodeCards(t)
+	u := cardUsage{where: map[string]cardPlace{}, capacity: capacity}
+	for node, nodeCards := range cards {
+		for _, c := range nodeCards {
+			u.where[c.UUID] = cardPlace{node, c.Index}
+		}
+	}
+	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.pods = pods.Items
+	if u.held, err = testutil.HeldByPods(u.pods, capacity); err != nil {
+		t.Fatal(err)
+	}
+	return u
 }

@@ -6,11 +6,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/component-base/metrics/legacyregistry"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
-	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -37,23 +35,10 @@ func TestSchedulerMetricsMatchAssignments(t *testing.T) {
 	}
 	e.waitBound(60*time.Second, names...)
 
-	cards, capacity := e.nodeCards(t)
-	where := map[string]string{} // card UUID -> "node/index"
-	for node, list := range cards {
-		for _, c := range list {
-			where[c.UUID] = fmt.Sprintf("%s/%d", node, c.Index)
-		}
-	}
-	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, err := testutil.HeldByPods(pods.Items, capacity)
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := e.usage(t)
+	key := func(uuid string) string { return fmt.Sprintf("%s/%d", u.where[uuid].node, u.where[uuid].index) }
 	sharing := map[string]float64{}
-	for _, p := range pods.Items {
+	for _, p := range u.pods {
 		asg, err := gpuinfo.DecodeAssignment(p.Annotations[gpuinfo.AssignmentAnnotation])
 		if err != nil {
 			t.Fatal(err)
@@ -63,16 +48,16 @@ func TestSchedulerMetricsMatchAssignments(t *testing.T) {
 			for _, c := range entries {
 				if !seen[c.UUID] {
 					seen[c.UUID] = true
-					sharing[where[c.UUID]]++
+					sharing[key(c.UUID)]++
 				}
 			}
 		}
 	}
 	wantMemory, wantCores, wantPods := map[string]float64{}, map[string]float64{}, map[string]float64{}
-	for uuid, key := range where {
-		wantMemory[key] = float64(held[uuid].MemoryMiB)
-		wantCores[key] = float64(held[uuid].Cores)
-		wantPods[key] = sharing[key]
+	for uuid := range u.where {
+		wantMemory[key(uuid)] = float64(u.held[uuid].MemoryMiB)
+		wantCores[key(uuid)] = float64(u.held[uuid].Cores)
+		wantPods[key(uuid)] = sharing[key(uuid)]
 	}
 
 	families, err := legacyregistry.DefaultGatherer.Gather()
