@@ -321,10 +321,15 @@ func TestInitContainerAndSidecar(t *testing.T) {
 		checkDevices(t, name, r, cards)
 		checkInterception(t, name, r, true)
 	}
-	r := startContainer(tCtx, sb, pod, "log-shipper")
-	checkEnv(t, "sidecar", r, map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"})
-	checkDevices(t, "sidecar", r, nil)
-	checkInterception(t, "sidecar", r, false)
+	checkNoGPU(t, "sidecar", startContainer(tCtx, sb, pod, "log-shipper"))
+}
+
+// checkNoGPU checks a container the agent hid every card from.
+func checkNoGPU(t testing.TB, what string, r *running) {
+	t.Helper()
+	checkEnv(t, what, r, map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"})
+	checkDevices(t, what, r, nil)
+	checkInterception(t, what, r, false)
 }
 
 // TestPodWithoutGPUsSeesNone: a pod that asks for no GPU, from an image
@@ -333,10 +338,7 @@ func TestPodWithoutGPUsSeesNone(t *testing.T) {
 	tCtx := ktesting.Init(t)
 	ns := testNamespace(tCtx)
 	pod := schedule(tCtx, podSpec(ns, "web", ""))["web"]
-	r := startContainer(tCtx, runSandbox(tCtx, pod, ""), pod, "main")
-	checkEnv(t, "pod without GPUs", r, map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"})
-	checkDevices(t, "pod without GPUs", r, nil)
-	checkInterception(t, "pod without GPUs", r, false)
+	checkNoGPU(t, "pod without GPUs", startContainer(tCtx, runSandbox(tCtx, pod, ""), pod, "main"))
 }
 
 // TestRefusals: the runtime creates no container, and reports the agent's
