@@ -23,7 +23,7 @@ FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 E2E_BIN  := $(CURDIR)/_output/e2e
 CONTAINERD_TAGS := no_btrfs no_devmapper no_zfs
 
-.PHONY: all build release-scheduler release-node-agent images demo test test-unit test-race fuzz e2e-node bench bench-throughput sim lint clean
+.PHONY: all build release-scheduler release-node-agent images demo test test-unit test-race fuzz test-monitoring e2e-node bench bench-throughput sim lint clean
 
 all: build
 
@@ -51,7 +51,7 @@ demo:
 	$(GO) run ./cmd/demo $(ARGS)
 
 ## test: every test; the race detector on the plugin and contract packages; each fuzz target briefly
-test: test-unit test-race fuzz
+test: test-unit test-race fuzz test-monitoring
 
 test-unit:
 	$(GO) test $$($(GO) list ./... | grep -v -e /pkg/plugins/ -e /pkg/ledger -e /pkg/allocator -e /pkg/gpuinfo -e /pkg/workload)
@@ -64,6 +64,10 @@ fuzz:
 		echo "fuzzing $$target for $(FUZZTIME)"; \
 		$(GO) test -run='^$$' -fuzz="^$$target\$$" -fuzztime=$(FUZZTIME) ./pkg/gpuinfo || exit 1; \
 	done
+
+## test-monitoring: the alerts, monitors and dashboard in manifests/monitoring (test/monitoring, a module of its own)
+test-monitoring:
+	cd test/monitoring && $(GO) test -count=1 ./...
 
 ## e2e-node: the node agent against a real containerd and runc (both built from their Go modules) with NRI;
 ## needs root and gcc (runc's nsenter is C). Builds them, ctr and the test image into _output/e2e.

@@ -1,8 +1,11 @@
 package install
 
 import (
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"sort"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -229,5 +232,34 @@ func TestHAMiOverlayIsTheBaseRenamed(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("overlays/hami-names/scheduler-config.yaml, names aside, differs from the base's (-base,+overlay):\n%s", diff)
+	}
+}
+
+// TestMonitoringRenders builds manifests/monitoring (not part of the
+// install; applied on clusters with the Prometheus Operator) with
+// kustomize's library: the objects it makes, all in tessera-system but the
+// cluster-scoped binding. test/monitoring checks their content.
+func TestMonitoringRenders(t *testing.T) {
+	objs, err := RenderFS(os.DirFS(filepath.Join("..", "..", "manifests")), "monitoring")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRoleBinding" && o.GetNamespace() != "tessera-system" {
+			t.Errorf("%s %s is in namespace %q, want tessera-system", o.GetKind(), o.GetName(), o.GetNamespace())
+		}
+		got = append(got, o.GetKind()+"/"+o.GetName())
+	}
+	sort.Strings(got)
+	want := []string{
+		"ClusterRoleBinding/tessera-metrics-reader-prometheus",
+		"ConfigMap/tessera-grafana-dashboard",
+		"PodMonitor/tessera-node-agent",
+		"PrometheusRule/tessera",
+		"ServiceMonitor/tessera-scheduler",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rendered objects (-want,+got):\n%s", diff)
 	}
 }

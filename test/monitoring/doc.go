@@ -1,0 +1,11 @@
+// Package monitoring tests manifests/monitoring: the PrometheusRule, the
+// PodMonitor and ServiceMonitor, the Grafana dashboard and their
+// kustomization. Every alert and dashboard query is parsed with Prometheus'
+// own parsers and every metric it names is checked against the tables of
+// docs/observability.md, which the main module's tests check against the
+// metrics the code registers.
+//
+// A module of its own, so that Prometheus' and the Prometheus Operator's
+// dependencies stay out of Tessera's: cd test/monitoring && go test ./...
+// (make test-monitoring).
+package monitoring
