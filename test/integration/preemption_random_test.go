@@ -108,9 +108,11 @@ func (e *env) checkEvictionsServedPreemptors(t *testing.T, k kubelet, pods []v1.
 	t.Helper()
 	victims, nodes := k.Terminated()
 	var preemptions []cluster.Preemption
-	// Events are written asynchronously, and kube-scheduler's recorder may
-	// drop one: wait a while for every victim's, then check those there are.
-	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
+	// Events are written asynchronously — under load (make test runs test
+	// binaries side by side) seconds late — and kube-scheduler's recorder
+	// may drop one: wait a while for every victim's, then check those there
+	// are.
+	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		var err error
 		preemptions, err = cluster.Preemptions(ctx, e.client, e.ns)
 		return err == nil && len(preemptions) >= len(victims), nil

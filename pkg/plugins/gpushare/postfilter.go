@@ -133,12 +133,15 @@ func (s *summary) add(sf shortfall) {
 	s.entries = append(s.entries, &summaryEntry{shortfall: sf, nodes: 1})
 }
 
-// sentence is the summary, largest groups first, e.g. "GPUs: the pod needs
+// sentence is the summary, largest groups first (ties in a fixed order), e.g. "GPUs: the pod needs
 // 1 GPU with 40960 MiB; 32 nodes with at most 24576 MiB free on a GPU".
 // Its length is bounded: one clause per kind of shortfall, and user-supplied
 // values truncated.
 func (s *summary) sentence(req *gpuinfo.PodRequest) string {
-	sort.SliceStable(s.entries, func(i, j int) bool { return s.entries[i].nodes > s.entries[j].nodes })
+	sort.Slice(s.entries, func(i, j int) bool {
+		a, b := s.entries[i], s.entries[j]
+		return a.nodes > b.nodes || a.nodes == b.nodes && a.phrase < b.phrase
+	})
 	var b strings.Builder
 	b.WriteString("GPUs: the pod needs ")
 	b.WriteString(describe(req))

@@ -45,7 +45,7 @@ func TestPostFilterSummary(t *testing.T) {
 				"no GPU has 40960 MiB free": 3, "node has no GPUs": 1, "GPU inventory invalid": 1, reasonAgentSilent: 1,
 			},
 			wantSummary: "GPUs: the pod needs 1 GPU with 40960 MiB; 3 nodes with at most 23034 MiB free on a GPU; " +
-				"1 node without GPUs; 1 node with an invalid GPU inventory (broken); 1 node with a GPU agent not reporting (silent for 10m0s)",
+				"1 node with a GPU agent not reporting (silent for 10m0s); 1 node with an invalid GPU inventory (broken); 1 node without GPUs",
 		},
 		{
 			name: "a UUID selector thousands of characters long is cut",
@@ -55,7 +55,7 @@ func TestPostFilterSummary(t *testing.T) {
 				"node has no GPUs": 1, "GPU inventory invalid": 1, reasonAgentSilent: 1,
 			},
 			wantSummary: "GPUs: the pod needs 2 whole GPUs; 3 nodes with no GPU matching UUID gpu-0123456789abcdef-0123456789abcdef-0123456789abcdef or g...; " +
-				"1 node without GPUs; 1 node with an invalid GPU inventory (broken); 1 node with a GPU agent not reporting (silent for 10m0s)",
+				"1 node with a GPU agent not reporting (silent for 10m0s); 1 node with an invalid GPU inventory (broken); 1 node without GPUs",
 		},
 	}
 	for _, tc := range tests {
