@@ -51,7 +51,11 @@ type ControlPlane struct {
 // no pods: the scheduler and agents run in this process (StartScheduler,
 // AddSimulatedNode) under the manifests' identities. logf receives the
 // servers' progress messages.
-func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) {
+func Start(logf func(format string, args ...any), options ...Option) (cp *ControlPlane, err error) {
+	var o startOptions
+	for _, opt := range options {
+		opt(&o)
+	}
 	// The API server and the scheduler both apply logging options.
 	logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged
 	r := &runner{logf: logf}
@@ -74,11 +78,15 @@ func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) 
 	storage.Transport.ServerList = []string{etcdURL}
 	opts := kubeapiservertesting.NewDefaultTestServerOptions()
 	opts.DisableInvariantChecks = true
-	server, err := kubeapiservertesting.StartTestServer(r, opts, []string{
+	flags := []string{
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		"--endpoint-reconciler-type=none",
 		"--authorization-mode=Node,RBAC",
-	}, storage)
+	}
+	if o.gangs {
+		flags = append(flags, "--runtime-config=scheduling.k8s.io/v1beta1=true", "--feature-gates=GenericWorkload=true")
+	}
+	server, err := kubeapiservertesting.StartTestServer(r, opts, flags, storage)
 	if err != nil {
 		r.cleanup()
 		return nil, fmt.Errorf("starting kube-apiserver: %w", err)
@@ -96,6 +104,20 @@ func Start(logf func(format string, args ...any)) (cp *ControlPlane, err error) 
 	}
 	return cp, nil
 }
+
+// Option changes how Start starts the control plane.
+type Option func(*startOptions)
+
+type startOptions struct {
+	gangs bool
+}
+
+// WithGangScheduling serves the PodGroup API (scheduling.k8s.io/v1beta1)
+// and turns the GenericWorkload feature gate on — for the API server and,
+// the gate being the process's, for schedulers started in this process:
+// kube-scheduler's GangScheduling plugin then holds a PodGroup's pods at
+// Permit until the whole gang fits.
+func WithGangScheduling() Option { return func(o *startOptions) { o.gangs = true } }
 
 // install applies the manifests' base and waits for its resource and its
 // admission policies.

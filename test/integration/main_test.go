@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 	}
 	flag.Parse()
 	start := time.Now()
-	cp, err := cluster.Start(func(format string, args ...any) { klog.V(2).Infof(format, args...) })
+	cp, err := cluster.Start(func(format string, args ...any) { klog.V(2).Infof(format, args...) }, cluster.WithGangScheduling())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
