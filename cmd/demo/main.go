@@ -21,6 +21,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -75,7 +76,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "Starting an embedded control plane (etcd + kube-apiserver; logs in %s) and installing manifests/...\n", logFile)
-	cp, err := cluster.Start(func(format string, args ...any) { klog.V(2).Infof(format, args...) })
+	cp, err := cluster.Start(func(format string, args ...any) { klog.V(2).Infof(format, args...) }, cluster.WithGangScheduling())
 	if err != nil {
 		return err
 	}
@@ -157,8 +158,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 }
 
-// submitExamples creates the objects in the YAML files of dir — pods, in
-// the default namespace, and the priority classes they use — file by file in
+// submitExamples creates the objects in the YAML files of dir — pods and pod
+// groups, in the default namespace, and the priority classes they use — file by file in
 // name order, waiting for each file's pods to settle before the next (so
 // that a later file can preempt an earlier one's pods), and returns the pods'
 // names.
@@ -199,12 +200,16 @@ func submitExamples(ctx context.Context, client kubernetes.Interface, dir string
 					return nil, fmt.Errorf("%s: pod %s: %w", f, o.Name, err)
 				}
 				filePods = append(filePods, o.Name)
+			case *schedulingv1beta1.PodGroup:
+				if _, err := client.SchedulingV1beta1().PodGroups(metav1.NamespaceDefault).Create(ctx, o, metav1.CreateOptions{}); err != nil {
+					return nil, fmt.Errorf("%s: pod group %s: %w", f, o.Name, err)
+				}
 			case *schedulingv1.PriorityClass:
 				if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, o, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 					return nil, fmt.Errorf("%s: priority class %s: %w", f, o.Name, err)
 				}
 			default:
-				return nil, fmt.Errorf("%s: the demo submits pods and priority classes, not %T", f, obj)
+				return nil, fmt.Errorf("%s: the demo submits pods, pod groups and priority classes, not %T", f, obj)
 			}
 		}
 		if err := waitSettled(ctx, client, filePods); err != nil {

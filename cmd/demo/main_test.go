@@ -31,10 +31,18 @@ func TestDemoOnce(t *testing.T) {
 		// priority: the critical pod preempted one batch job and took its L4.
 		regexp.MustCompile(`(?m)^l4-node\s+\d\s+NVIDIA L4.*l4-critical$`),
 		regexp.MustCompile(`(?m)^  default/l4-batch-\d for default/l4-critical on l4-node$`),
+		// gangs: one bound whole, one that cannot fit waits holding nothing.
+		regexp.MustCompile(`default/too-wide-\d: .*pod group is unschedulable`),
 	} {
 		if !want.MatchString(got) {
 			t.Errorf("output does not match %s", want)
 		}
+	}
+	if n := len(regexp.MustCompile(`(?m)^a100-node\s+\d\s+.*allreduce-\d$`).FindAllString(got, -1)); n != 6 {
+		t.Errorf("the allreduce gang holds %d A100s, want 6 (3 workers × 2)", n)
+	}
+	if strings.Contains(got, "too-wide-0 ") || regexp.MustCompile(`(?m)too-wide-\d$`).MatchString(got) {
+		t.Error("a pod of the gang that cannot fit holds cards")
 	}
 	if n := strings.Count(got, "pretrain-h100"); n != 4 {
 		t.Errorf("pretrain-h100 appears on %d cards, want 4", n)

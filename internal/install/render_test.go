@@ -263,3 +263,26 @@ func TestMonitoringRenders(t *testing.T) {
 		t.Errorf("rendered objects (-want,+got):\n%s", diff)
 	}
 }
+
+// TestGangOverlayAddsTheGate: the gang-scheduling overlay is the base with
+// the scheduler started with --feature-gates=GenericWorkload=true, and
+// nothing else changed (the integration suite runs the shipped profiles with
+// that gate on).
+func TestGangOverlayAddsTheGate(t *testing.T) {
+	args := func(dir string) []string {
+		d := find(t, render(t, dir), "Deployment", "tessera-scheduler")
+		containers, _, err := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+		if err != nil || len(containers) == 0 {
+			t.Fatalf("%s: scheduler containers: %v", dir, err)
+		}
+		list, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		return list
+	}
+	want := append(args(Base), "--feature-gates=GenericWorkload=true")
+	if diff := cmp.Diff(want, args("overlays/gang-scheduling")); diff != "" {
+		t.Errorf("scheduler args (-want,+got):\n%s", diff)
+	}
+	if base, overlay := len(render(t, Base)), len(render(t, "overlays/gang-scheduling")); base != overlay {
+		t.Errorf("the overlay renders %d objects, the base %d", overlay, base)
+	}
+}
