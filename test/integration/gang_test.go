@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"testing"
 	"time"
 
@@ -172,5 +173,72 @@ func TestGangSharesCardsWithOrdinaryPods(t *testing.T) {
 	e.waitBound(60*time.Second, append(workers, "solo-0", "solo-1", "solo-2")...)
 	if n := e.checkNoOvercommit(t); n != 6 {
 		t.Errorf("%d GPU pods bound, want 6", n)
+	}
+}
+
+// TestRandomizedGangs runs seeded rounds of gangs (2–3 pods) and single
+// pods of random shapes over two nodes of four cards, with deletions of
+// whole gangs and single pods, and checks after each round, from the API's
+// objects: every gang is bound whole or not at all, and no card is
+// over-committed (recomputed apart from the scheduler's code).
+func TestRandomizedGangs(t *testing.T) {
+	for _, seed := range []int64{1, 2, 3} {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			e := newEnv(t)
+			e.node("a", cluster.A100, 4, nil)
+			e.node("b", cluster.A100, 4, nil)
+			e.startScheduler()
+			r := rand.New(rand.NewSource(seed))
+			gangs := map[string][]string{}
+			var solos []string
+			next := 0
+			for round := 0; round < 4; round++ {
+				for i := 0; i < 2+r.Intn(3); i++ {
+					next++
+					shape := randomShapes[r.Intn(len(randomShapes))]
+					if r.Intn(2) == 0 {
+						name := fmt.Sprintf("g%d", next)
+						gangs[name] = e.gang(name, 2+r.Intn(2), shape)
+					} else {
+						name := fmt.Sprintf("s%d", next)
+						e.create(e.podSpec(name, "tessera-binpack", shape))
+						solos = append(solos, name)
+					}
+				}
+				e.settle()
+				e.waitFor(30*time.Second, "every gang bound whole or not at all", func() (bool, error) {
+					for _, members := range gangs {
+						if n := e.bound(members); n != 0 && n != len(members) {
+							return false, nil
+						}
+					}
+					return true, nil
+				})
+				whole, waiting := 0, 0
+				for _, members := range gangs {
+					if e.bound(members) == 0 {
+						waiting++
+					} else {
+						whole++
+					}
+				}
+				t.Logf("round %d: %d gangs bound whole, %d waiting holding nothing; %d GPU pods bound", round, whole, waiting, e.checkNoOvercommit(t))
+				// Delete a gang and a single pod, at random.
+				for name, members := range gangs {
+					if r.Intn(2) == 0 {
+						for _, m := range members {
+							e.deletePod(m)
+						}
+						delete(gangs, name)
+						break
+					}
+				}
+				if len(solos) > 0 && r.Intn(2) == 0 {
+					i := r.Intn(len(solos))
+					e.deletePod(solos[i])
+					solos = append(solos[:i], solos[i+1:]...)
+				}
+			}
+		})
 	}
 }
