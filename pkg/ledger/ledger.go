@@ -34,6 +34,8 @@ type node struct {
 	err       error
 	pods      map[types.UID]struct{}
 	hasReport bool
+	// room summarises what the usable cards have free (summarize).
+	room room
 }
 
 type pod struct {
@@ -120,6 +122,7 @@ func (l *Ledger) rechargeLocked(n *node) {
 		p.charge = allocator.Charge(n.cards, p.order, p.assignment)
 		addUsage(n.used, p.charge, 1)
 	}
+	n.summarize()
 }
 
 func addUsage(dst, src []allocator.Usage, sign int64) {
@@ -143,6 +146,7 @@ func (l *Ledger) addPodLocked(uid types.UID, p *pod) {
 	n := l.nodeLocked(p.node)
 	p.charge = allocator.Charge(n.cards, p.order, p.assignment)
 	addUsage(n.used, p.charge, 1)
+	n.summarize()
 	n.pods[uid] = struct{}{}
 	l.pods[uid] = p
 }
@@ -176,6 +180,7 @@ func (l *Ledger) removePodLocked(uid types.UID) {
 	}
 	if len(p.charge) == len(n.used) {
 		addUsage(n.used, p.charge, -1)
+		n.summarize()
 	}
 	delete(n.pods, uid)
 	if len(n.pods) == 0 && !n.hasReport {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -35,6 +36,8 @@ const (
 type feed struct {
 	heartbeats
 	reservations
+	// priorities are those of the GPU pods placed, for PreFilter's pruning.
+	priorities priorities
 	// agentNamespace is where the agents' Leases are watched.
 	agentNamespace string
 	ledger         *ledger.Ledger
@@ -174,6 +177,7 @@ func (f *feed) onPod(obj any) {
 	}
 	if pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 		f.ledger.RemovePod(pod.UID)
+		f.priorities.forget(pod.UID)
 		return
 	}
 	raw, ok := pod.Annotations[gpuinfo.AssignmentAnnotation]
@@ -189,6 +193,7 @@ func (f *feed) onPod(obj any) {
 		return
 	}
 	f.ledger.AddPod(pod.UID, pod.Spec.NodeName, gpuinfo.ContainerOrder(pod), a, false)
+	f.priorities.set(pod.UID, corev1helpers.PodPriority(pod))
 }
 
 // handlerFuncs handles adds and updates alike with on, deletions with onDelete.
@@ -228,6 +233,7 @@ func (f *feed) onPodDelete(obj any) {
 	}
 	if pod, ok := obj.(*v1.Pod); ok {
 		f.ledger.RemovePod(pod.UID)
+		f.priorities.forget(pod.UID)
 		f.forget(pod.UID)
 		f.learner.Forget(string(pod.UID))
 	}

@@ -44,7 +44,7 @@ func (p *Plugin) PostFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod
 	}
 	var sum summary
 	for _, nodeInfo := range nodes {
-		if st := statuses.Get(nodeInfo.Node().Name); st == nil || st.Plugin() != Name {
+		if st := statuses.Get(nodeInfo.Node().Name); st == nil || st.Plugin() != Name && !prunedByGPUShare(st) {
 			continue // not rejected for its GPUs
 		}
 		sum.add(p.explain(s, nodeInfo))

@@ -32,7 +32,10 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// replay is deterministic.
 	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
 	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted), reservations: p.reservations.against(pod)})
-	return p.awaitVictims(pod), nil
+	if res := p.awaitVictims(pod); res != nil {
+		return res, nil
+	}
+	return p.prune(pod, getState(state)), nil
 }
 
 // awaitVictims keeps a preemptor to the node it was nominated to while the

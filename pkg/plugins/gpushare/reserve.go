@@ -4,6 +4,7 @@ import (
 	"context"
 
 	v1 "k8s.io/api/core/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -32,6 +33,7 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		return fwk.NewStatus(fwk.Unschedulable, err.Error())
 	}
 	s.assignment = a
+	p.priorities.set(pod.UID, corev1helpers.PodPriority(pod))
 	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", a.Containers)
 	return nil
 }
@@ -44,5 +46,8 @@ func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 		return
 	}
 	p.ledger.ForgetAssumed(pod.UID, nodeName)
+	if !p.ledger.Holds(pod.UID) {
+		p.priorities.forget(pod.UID)
+	}
 	s.assignment = nil
 }

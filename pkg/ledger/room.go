@@ -1,0 +1,91 @@
+package ledger
+
+import (
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// room is what a node's usable cards (healthy, not in MIG mode) have free:
+// an upper bound on what a container can get there, kept current as usage
+// changes so that PreFilter can rule nodes out without placing anything.
+type room struct {
+	// maxMemoryMiB and maxCores are the most memory and the most compute
+	// free on any usable card (not necessarily the same card).
+	maxMemoryMiB, maxCores int64
+	// maxMemoryPermille bounds from above the memory free on a usable card,
+	// in per mille of that card's memory.
+	maxMemoryPermille int64
+	// freeCards counts usable cards with nothing on them; cardsWithRoom those
+	// with some memory free.
+	freeCards, cardsWithRoom int
+}
+
+// summarize recomputes the node's room from its cards and usage.
+func (n *node) summarize() {
+	var r room
+	for i := range n.cards {
+		c := &n.cards[i]
+		if !c.Healthy || i >= len(n.used) {
+			continue
+		}
+		free := allocator.Usage{MemoryMiB: c.Capacity.MemoryMiB - n.used[i].MemoryMiB, Cores: c.Capacity.Cores - n.used[i].Cores}
+		r.maxMemoryMiB = max(r.maxMemoryMiB, free.MemoryMiB)
+		r.maxCores = max(r.maxCores, free.Cores)
+		if c.Capacity.MemoryMiB > 0 {
+			// Rounded up from one MiB more than is free, so that a share
+			// Place grants (capacity × percent / 100, rounded down) is never
+			// ruled out.
+			r.maxMemoryPermille = max(r.maxMemoryPermille, ((free.MemoryMiB+1)*1000+c.Capacity.MemoryMiB-1)/c.Capacity.MemoryMiB)
+		}
+		if free == c.Capacity {
+			r.freeCards++
+		}
+		if free.MemoryMiB > 0 {
+			r.cardsWithRoom++
+		}
+	}
+	n.room = r
+}
+
+// mayHold reports whether a container could possibly be placed on the
+// node: false only when no placement can exist, whatever the selectors,
+// reservations and card choice (it errs towards true).
+func (r *room) mayHold(c *gpuinfo.ContainerRequest) bool {
+	if c.Exclusive() {
+		return r.freeCards >= c.Count
+	}
+	if r.cardsWithRoom < c.Count || r.maxCores < c.Cores {
+		return false
+	}
+	switch {
+	case c.MemoryMiB > 0:
+		return r.maxMemoryMiB >= c.MemoryMiB
+	case c.MemoryPercent > 0:
+		return r.maxMemoryPermille >= c.MemoryPercent*10
+	}
+	return r.maxMemoryPermille >= 1000 // cores only: the card's whole memory
+}
+
+// MayHold reports whether the node's usable cards could hold a pod of one
+// GPU container: false only when no placement can exist there (the node
+// has no valid inventory, or no card has the room). It is PreFilter's cheap
+// test for ruling nodes out; Filter gives the exact answer.
+func (l *Ledger) MayHold(nodeName string, c *gpuinfo.ContainerRequest) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	return n != nil && n.err == nil && n.room.mayHold(c)
+}
+
+// MayHoldCurrent is MayHold for a caller holding the node's current
+// inventory annotation (raw, present): a node whose inventory the ledger has
+// not recorded yet may hold anything.
+func (l *Ledger) MayHoldCurrent(nodeName, raw string, present bool, c *gpuinfo.ContainerRequest) bool {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := l.nodes[nodeName]
+	if n == nil || n.hasReport != present || n.raw != raw {
+		return present
+	}
+	return n.err == nil && n.room.mayHold(c)
+}
