@@ -36,6 +36,9 @@ type node struct {
 	hasReport bool
 	// room summarises what the usable cards have free (summarize).
 	room room
+	// seenRV is the resourceVersion of the newest node object whose
+	// inventory annotation the ledger has recorded (or found unchanged).
+	seenRV string
 }
 
 type pod struct {
@@ -73,7 +76,14 @@ func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (
 	defer l.mu.Unlock()
 	n := l.nodeLocked(name)
 	version, _ := strconv.ParseUint(resourceVersion, 10, 64)
-	if (n.hasReport == present && n.raw == raw) || (version != 0 && version < n.version) {
+	if version != 0 && version < n.version {
+		return false, n.errIfInvalid()
+	}
+	if version != 0 {
+		n.seenRV = resourceVersion
+	}
+	if n.hasReport == present && n.raw == raw {
+		n.version = max(version, n.version)
 		return false, n.errIfInvalid()
 	}
 	n.raw, n.hasReport, n.version = raw, present, max(version, n.version)

@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	v1 "k8s.io/api/core/v1"
+
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -66,26 +68,31 @@ func (r *room) mayHold(c *gpuinfo.ContainerRequest) bool {
 	return r.maxMemoryPermille >= 1000 // cores only: the card's whole memory
 }
 
-// MayHold reports whether the node's usable cards could hold a pod of one
-// GPU container: false only when no placement can exist there (the node
-// has no valid inventory, or no card has the room). It is PreFilter's cheap
-// test for ruling nodes out; Filter gives the exact answer.
-func (l *Ledger) MayHold(nodeName string, c *gpuinfo.ContainerRequest) bool {
+// Reader answers questions from one consistent view of the ledger; it is
+// valid only inside the function given to Read, and must not call the
+// ledger's other methods.
+type Reader struct{ l *Ledger }
+
+// Read calls fn with the ledger read-locked: many questions for the price
+// of one lock.
+func (l *Ledger) Read(fn func(Reader)) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	n := l.nodes[nodeName]
-	return n != nil && n.err == nil && n.room.mayHold(c)
+	fn(Reader{l})
 }
 
-// MayHoldCurrent is MayHold for a caller holding the node's current
-// inventory annotation (raw, present): a node whose inventory the ledger has
-// not recorded yet may hold anything.
-func (l *Ledger) MayHoldCurrent(nodeName, raw string, present bool, c *gpuinfo.ContainerRequest) bool {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	n := l.nodes[nodeName]
-	if n == nil || n.hasReport != present || n.raw != raw {
-		return present
+// MayHold reports whether the node's usable cards could hold a pod of one
+// GPU container: false only when no placement can exist there (no valid
+// inventory, or no card with the room). It is PreFilter's cheap test for
+// ruling nodes out; Filter gives the exact answer. A node object the ledger
+// has not caught up with (a newer inventory annotation) may hold anything.
+func (r Reader) MayHold(node *v1.Node, c *gpuinfo.ContainerRequest) bool {
+	n := r.l.nodes[node.Name]
+	if n == nil || n.seenRV == "" || n.seenRV != node.ResourceVersion {
+		raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
+		if n == nil || n.hasReport != present || n.raw != raw {
+			return present
+		}
 	}
 	return n.err == nil && n.room.mayHold(c)
 }

@@ -11,6 +11,7 @@ import (
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
 // prune narrows a one-container GPU pod's nodes, in PreFilter, to those whose
@@ -33,18 +34,38 @@ func (p *Plugin) prune(pod *v1.Pod, s *cycleState) *fwk.PreFilterResult {
 		return nil
 	}
 	c := &s.req.Containers[0]
+	if !p.worthPruning(nodes, c) {
+		return nil
+	}
 	keep := make([]string, 0, len(nodes)/2)
-	for _, nodeInfo := range nodes {
-		node := nodeInfo.Node()
-		if node == nil {
-			continue
+	var ruledOut []fwk.NodeInfo
+	tooMany := false
+	p.ledger.Read(func(r ledger.Reader) {
+		for _, nodeInfo := range nodes {
+			node := nodeInfo.Node()
+			switch {
+			case node == nil:
+			case r.MayHold(node, c):
+				if keep = append(keep, node.Name); len(keep)*2 > len(nodes) {
+					tooMany = true
+					return
+				}
+			default:
+				ruledOut = append(ruledOut, nodeInfo)
+			}
 		}
-		raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
-		if !p.ledger.MayHoldCurrent(node.Name, raw, present, c) && !p.mayBeStale(nodeInfo) {
-			continue
-		}
-		if keep = append(keep, node.Name); len(keep)*2 > len(nodes) {
-			return nil
+	})
+	if tooMany {
+		return nil
+	}
+	// Nodes where the ledger may still hold a pod the API no longer has are
+	// kept, as Filter rechecks them (checked outside Read: it asks the
+	// ledger).
+	for _, nodeInfo := range ruledOut {
+		if p.mayBeStale(nodeInfo) {
+			if keep = append(keep, nodeInfo.Node().Name); len(keep)*2 > len(nodes) {
+				return nil
+			}
 		}
 	}
 	if len(keep) == 0 {
@@ -62,6 +83,28 @@ func (p *Plugin) mayPreempt(pod *v1.Pod) bool {
 	}
 	lowest, any := p.priorities.lowest()
 	return any && lowest < corev1helpers.PodPriority(pod)
+}
+
+// pruneSample is how many nodes, evenly spread over the fleet, are tried
+// before the whole list: when most of them may hold the pod, so would most
+// of the fleet, and pruning would cost more than it saves.
+const pruneSample = 64
+
+// worthPruning reports whether at most half the sampled nodes may hold c.
+func (p *Plugin) worthPruning(nodes []fwk.NodeInfo, c *gpuinfo.ContainerRequest) bool {
+	step := max(len(nodes)/pruneSample, 1)
+	sampled, may := 0, 0
+	p.ledger.Read(func(r ledger.Reader) {
+		for i := 0; i < len(nodes); i += step {
+			if node := nodes[i].Node(); node != nil {
+				sampled++
+				if r.MayHold(node, c) {
+					may++
+				}
+			}
+		}
+	})
+	return may*2 <= sampled
 }
 
 // prunedByGPUShare reports whether a node's status is PreFilter's verdict
