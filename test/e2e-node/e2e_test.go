@@ -146,7 +146,7 @@ func runSandbox(tCtx ktesting.TContext, pod *v1.Pod, uid types.UID) *sandbox {
 // fails.
 func startContainer(tCtx ktesting.TContext, sb *sandbox, pod *v1.Pod, name string) *running {
 	tCtx.Helper()
-	id, err := suite.runtime.createContainer(tCtx, sb, pod, name)
+	id, err := createAsKubelet(tCtx, sb, pod, name)
 	if err != nil {
 		tCtx.Fatalf("creating container %s of pod %s: %v", name, pod.Name, err)
 	}
@@ -155,6 +155,19 @@ func startContainer(tCtx ktesting.TContext, sb *sandbox, pod *v1.Pod, name strin
 		tCtx.Fatalf("starting container %s of pod %s: %v", name, pod.Name, err)
 	}
 	return r
+}
+
+// createAsKubelet creates the container, retrying for a while, as kubelet
+// does, when the agent answers that it has not seen the pod bound to the
+// node yet (its watch may lag the binding by a moment under load).
+func createAsKubelet(ctx context.Context, sb *sandbox, pod *v1.Pod, name string) (string, error) {
+	var id string
+	var err error
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
+		id, err = suite.runtime.createContainer(ctx, sb, pod, name)
+		return err == nil || !strings.Contains(err.Error(), "kubelet will retry"), nil
+	})
+	return id, err
 }
 
 // wantShared is what a container holding shared cards must run with, from
@@ -409,7 +422,7 @@ func TestConcurrentContainers(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			id, err := suite.runtime.createContainer(tCtx, sandboxes[name], pod, "main")
+			id, err := createAsKubelet(tCtx, sandboxes[name], pod, "main")
 			if err != nil {
 				errs <- fmt.Errorf("pod %s: %w", name, err)
 				return
