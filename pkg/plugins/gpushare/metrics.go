@@ -157,7 +157,11 @@ func (f *feed) pendingByReason() map[string]int {
 			continue
 		}
 		msg, unschedulable := unschedulableMessage(pod)
-		if !unschedulable || !asksForGPUs(pod, f.names) {
+		if !unschedulable {
+			continue
+		}
+		// A pod asks for GPUs when the contract finds a request, valid or not.
+		if req, err := gpuinfo.ParsePodRequest(pod, f.names); req == nil && err == nil {
 			continue
 		}
 		reason := "other"
@@ -181,22 +185,4 @@ func unschedulableMessage(pod *v1.Pod) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// asksForGPUs reports whether the pod's request names a GPU resource, valid
-// or not.
-func asksForGPUs(pod *v1.Pod, names gpuinfo.ResourceNames) bool {
-	for _, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for _, c := range cs {
-			for _, n := range []v1.ResourceName{names.GPU, names.Memory, names.MemoryPercent, names.Cores} {
-				if _, ok := c.Resources.Limits[n]; ok {
-					return true
-				}
-				if _, ok := c.Resources.Requests[n]; ok {
-					return true
-				}
-			}
-		}
-	}
-	return false
 }
