@@ -261,6 +261,12 @@ func (c *containerd) start(ctx context.Context, id string) (*running, error) {
 	if err := json.Unmarshal([]byte(status.Info["info"]), &info); err != nil {
 		return nil, fmt.Errorf("container %s's verbose status: %w", id, err)
 	}
+	// StartContainer returns once runc has released its init process, which
+	// may not have exec'd the entrypoint yet; until it has, its environ is
+	// runc's own.
+	if err := waitForExec(ctx, info.Pid, info.RuntimeSpec.Process.Args[0]); err != nil {
+		return nil, fmt.Errorf("container %s: %w", id, err)
+	}
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", info.Pid))
 	if err != nil {
 		return nil, err
@@ -272,6 +278,23 @@ func (c *containerd) start(ctx context.Context, id string) (*running, error) {
 		}
 	}
 	return r, nil
+}
+
+// waitForExec waits until process pid runs the program entrypoint.
+func waitForExec(ctx context.Context, pid int, entrypoint string) error {
+	var argv0 string
+	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			return false, err
+		}
+		argv0, _, _ = strings.Cut(string(raw), "\x00")
+		return argv0 == entrypoint, nil
+	})
+	if err != nil {
+		return fmt.Errorf("process %d still runs %q, not the entrypoint %q: %w", pid, argv0, entrypoint, err)
+	}
+	return nil
 }
 
 // devices lists the /dev/nvidia* entries the container's process sees.
