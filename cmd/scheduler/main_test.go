@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app"
 	"k8s.io/kubernetes/cmd/kube-scheduler/app/options"
+	"k8s.io/kubernetes/pkg/scheduler/apis/config"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/schedulercmd"
@@ -17,8 +19,9 @@ import (
 )
 
 // setup runs kube-scheduler's set-up with the given configuration file, as the
-// binary does, against an API server that is never contacted.
-func setup(t *testing.T, configFile string) (map[string][]string, error) {
+// binary does, against an API server that is never contacted, and returns
+// each profile's plugins.
+func setup(t *testing.T, configFile string) (map[string]*config.Plugins, error) {
 	t.Helper()
 	tCtx := ktesting.Init(t)
 	opts := options.NewOptions()
@@ -33,17 +36,24 @@ func setup(t *testing.T, configFile string) (map[string][]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	binders := map[string][]string{}
+	plugins := map[string]*config.Plugins{}
 	for name, prof := range sched.Profiles {
-		for _, p := range prof.ListPlugins().Bind.Enabled {
-			binders[name] = append(binders[name], p.Name)
-		}
+		plugins[name] = prof.ListPlugins()
 	}
-	return binders, nil
+	return plugins, nil
+}
+
+// names lists the plugins of one extension point.
+func names(set config.PluginSet) []string {
+	var out []string
+	for _, p := range set.Enabled {
+		out = append(out, p.Name)
+	}
+	return out
 }
 
 func TestShippedConfigurationLoads(t *testing.T) {
-	binders, err := setup(t, "../../manifests/base/scheduler/scheduler-config.yaml")
+	profiles, err := setup(t, "../../manifests/base/scheduler/scheduler-config.yaml")
 	if err != nil {
 		t.Fatalf("set-up with the shipped configuration failed: %v", err)
 	}
@@ -51,6 +61,16 @@ func TestShippedConfigurationLoads(t *testing.T) {
 		"tessera-binpack":             {gpushare.Name, "DefaultBinder"},
 		"tessera-spread":              {gpushare.Name, "DefaultBinder"},
 		"tessera-fragmentation-aware": {gpushare.Name, "DefaultBinder"},
+	}
+	binders := map[string][]string{}
+	for name, plugins := range profiles {
+		binders[name] = names(plugins.Bind)
+		// GPUShare's PreFilter narrows what NodeResourcesFit's Filter checks,
+		// so it must run after NodeResourcesFit's.
+		preFilter := names(plugins.PreFilter)
+		if fit, share := slices.Index(preFilter, "NodeResourcesFit"), slices.Index(preFilter, gpushare.Name); fit < 0 || share < fit {
+			t.Errorf("profile %s: PreFilter order %v; want NodeResourcesFit before %s", name, preFilter, gpushare.Name)
+		}
 	}
 	if diff := cmp.Diff(want, binders); diff != "" {
 		t.Errorf("bind plugins per profile (-want,+got):\n%s", diff)

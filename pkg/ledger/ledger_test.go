@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	gocmp "github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
@@ -314,3 +316,42 @@ var testWorkload = &allocator.Workload{Shapes: []allocator.Shape{
 	{Weight: 0.3, CPUMilli: 1000, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 50, MemoryPercent: 50}},
 	{Weight: 0.2, CPUMilli: 1000, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 25, MemoryMiB: 4096}},
 }}
+
+// TestFitCurrentKnowsStaleInventory: FitCurrent answers from the ledger only
+// when it has recorded the node object's inventory annotation, by the
+// object's resourceVersion or, failing that, by the annotation itself.
+func TestFitCurrentKnowsStaleInventory(t *testing.T) {
+	two, four := testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 2)), testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 4))
+	threeCards := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 3, Cores: 100}}}
+	nodeObject := func(rv string, annotations map[string]string) *v1.Node {
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: rv, Annotations: annotations}}
+	}
+	for _, tc := range []struct {
+		name     string
+		recorded string // the annotation the ledger has, as of resourceVersion 20; "" for none
+		node     *v1.Node
+		wantErr  error
+		wantFits bool
+	}{
+		{name: "same resourceVersion", recorded: four, node: nodeObject("20", map[string]string{gpuinfo.InventoryAnnotation: four}), wantFits: true},
+		{name: "newer object, same annotation", recorded: four, node: nodeObject("21", map[string]string{gpuinfo.InventoryAnnotation: four}), wantFits: true},
+		{name: "newer object, new annotation", recorded: two, node: nodeObject("21", map[string]string{gpuinfo.InventoryAnnotation: four}), wantErr: ledger.ErrStaleInventory},
+		{name: "newer object, annotation removed", recorded: four, node: nodeObject("21", nil), wantErr: ledger.ErrStaleInventory},
+		{name: "unknown node with an annotation", node: nodeObject("21", map[string]string{gpuinfo.InventoryAnnotation: four}), wantErr: ledger.ErrStaleInventory},
+		{name: "unknown node without one", node: nodeObject("21", nil), wantErr: ledger.ErrNoInventory},
+		{name: "recorded: too few cards", recorded: two, node: nodeObject("20", map[string]string{gpuinfo.InventoryAnnotation: two})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := ledger.New()
+			if tc.recorded != "" {
+				if _, err := l.SetInventory("n", "20", tc.recorded, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out, err := l.FitCurrent(tc.node, threeCards, nil, allocator.Strategy{Policy: allocator.Binpack})
+			if err != tc.wantErr || out.Fits != tc.wantFits {
+				t.Errorf("FitCurrent = fits %v, %v; want fits %v, %v", out.Fits, err, tc.wantFits, tc.wantErr)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
@@ -23,18 +24,38 @@ func (l *Ledger) Fit(nodeName string, req *gpuinfo.PodRequest, deltas []allocato
 	return l.fitLocked(nodeName, req, deltas, st)
 }
 
-// FitCurrent is Fit for a caller holding the node's current inventory
-// annotation (raw, present): it returns ErrStaleInventory when the ledger has
-// not recorded that annotation yet, so the caller can record it and retry.
-func (l *Ledger) FitCurrent(nodeName, raw string, present bool, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
+// FitCurrent is Fit for a caller holding the scheduler's current node object:
+// it returns ErrStaleInventory when the ledger has not recorded that object's
+// inventory annotation yet, so the caller can record it and retry.
+func (l *Ledger) FitCurrent(node *v1.Node, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	if n := l.nodes[nodeName]; n == nil || n.hasReport != present || n.raw != raw {
-		if present || n != nil && n.hasReport {
-			return allocator.Outcome{}, ErrStaleInventory
-		}
+	n := l.nodes[node.Name]
+	if !n.current(node) {
+		return allocator.Outcome{}, ErrStaleInventory
 	}
-	return l.fitLocked(nodeName, req, deltas, st)
+	if n == nil {
+		return allocator.Outcome{}, ErrNoInventory
+	}
+	if n.err != nil {
+		return allocator.Outcome{}, n.err
+	}
+	return allocator.Place(n.cards, n.used, deltas, req, st, nil), nil
+}
+
+// current reports whether the entry n (nil when the ledger has none) records
+// the inventory annotation of the node object. When the ledger has recorded
+// the object's own resourceVersion, it does without looking the annotation
+// up: Filter and Score ask this for every node and pod.
+func (n *node) current(node *v1.Node) bool {
+	if n != nil && n.seenRV != "" && n.seenRV == node.ResourceVersion {
+		return true
+	}
+	raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
+	if n == nil {
+		return !present
+	}
+	return n.hasReport == present && n.raw == raw
 }
 
 func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {

@@ -88,11 +88,9 @@ func (l *Ledger) Read(fn func(Reader)) {
 // has not caught up with (a newer inventory annotation) may hold anything.
 func (r Reader) MayHold(node *v1.Node, c *gpuinfo.ContainerRequest) bool {
 	n := r.l.nodes[node.Name]
-	if n == nil || n.seenRV == "" || n.seenRV != node.ResourceVersion {
-		raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
-		if n == nil || n.hasReport != present || n.raw != raw {
-			return present
-		}
+	if !n.current(node) {
+		_, present := node.Annotations[gpuinfo.InventoryAnnotation]
+		return present
 	}
-	return n.err == nil && n.room.mayHold(c)
+	return n != nil && n.err == nil && n.room.mayHold(c)
 }

@@ -73,6 +73,9 @@ var throughputMix = []struct {
 // needs 1.33 cards per pod, more than the 8,000 cards the fleet has.
 var throughputSizes = flag.String("throughput-sizes", "1000x5000,5000x10000", "nodes×pods of BenchmarkThroughput, comma-separated")
 
+// throughputOnly runs one side alone, for profiling it.
+var throughputOnly = flag.String("throughput-only", "", "run only this side of BenchmarkThroughput (tessera-binpack or vanilla-binpack), to profile it")
+
 type fleetSize struct{ nodes, pods int }
 
 func parseSizes(s string) ([]fleetSize, error) {
@@ -118,6 +121,12 @@ func BenchmarkThroughput(b *testing.B) {
 			nodes := createThroughputNodes(tCtx, size.nodes)
 			defer deleteNodes(controlPlane.Client, nodes)
 			rates := map[string][]float64{}
+			if *throughputOnly != "" {
+				sides = slices.DeleteFunc(sides, func(s side) bool { return s.name != *throughputOnly })
+				if len(sides) == 0 {
+					b.Fatalf("-throughput-only %q: no such side", *throughputOnly)
+				}
+			}
 			for i := 0; i < b.N; i++ {
 				for _, s := range sides {
 					rate, latencies := throughputRound(tCtx, s, size.pods)
@@ -128,7 +137,9 @@ func BenchmarkThroughput(b *testing.B) {
 			for _, s := range sides {
 				b.ReportMetric(mean(rates[s.name]), s.name+"-pods/s")
 			}
-			b.ReportMetric(mean(rates["tessera-binpack"])/mean(rates["vanilla-binpack"]), "ratio")
+			if len(sides) == 2 {
+				b.ReportMetric(mean(rates["tessera-binpack"])/mean(rates["vanilla-binpack"]), "ratio")
+			}
 		})
 	}
 }
@@ -409,8 +420,13 @@ type extensionPoint struct {
 	count uint64
 }
 
+// algorithm names the scheduling algorithm (PreFilter through Score, per
+// pod) among the extension points.
+const algorithm = "Algorithm"
+
 // extensionPointTotals reads kube-scheduler's per-extension-point latency
-// histogram for a profile, summed over statuses.
+// histogram for a profile, summed over statuses, and its scheduling algorithm
+// latency.
 func extensionPointTotals(profile string) map[string]extensionPoint {
 	out := map[string]extensionPoint{}
 	families, err := legacyregistry.DefaultGatherer.Gather()
@@ -418,14 +434,23 @@ func extensionPointTotals(profile string) map[string]extensionPoint {
 		return out
 	}
 	for _, f := range families {
-		if f.GetName() != "scheduler_framework_extension_point_duration_seconds" {
+		var byProfile bool
+		switch f.GetName() {
+		case "scheduler_framework_extension_point_duration_seconds":
+			byProfile = true
+		case "scheduler_scheduling_algorithm_duration_seconds":
+			// Not labelled by profile: one side's scheduler runs at a time.
+		default:
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			if label(m, "profile") != profile {
-				continue
+			ep := algorithm
+			if byProfile {
+				if label(m, "profile") != profile {
+					continue
+				}
+				ep = label(m, "extension_point")
 			}
-			ep := label(m, "extension_point")
 			t := out[ep]
 			t.sum += m.GetHistogram().GetSampleSum()
 			t.count += m.GetHistogram().GetSampleCount()

@@ -19,9 +19,8 @@ import (
 // wait for an unrelated event.
 func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, st allocator.Strategy) (allocator.Outcome, error) {
 	node := nodeInfo.Node()
-	raw, present := node.Annotations[gpuinfo.InventoryAnnotation]
 	deltas := s.deltas[node.Name]
-	out, err := p.ledger.FitCurrent(node.Name, raw, present, s.req, deltas, st)
+	out, err := p.ledger.FitCurrent(node, s.req, deltas, st)
 	if errors.Is(err, ledger.ErrStaleInventory) {
 		p.onNode(node)
 		out, err = p.ledger.Fit(node.Name, s.req, deltas, st)

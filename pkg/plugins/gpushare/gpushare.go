@@ -54,6 +54,8 @@ type Plugin struct {
 	gpuPolicy  allocator.Policy
 	// agentTimeout is how long an agent may be silent; 0 disables the check.
 	agentTimeout time.Duration
+	// fitView keeps the per-card resources from NodeResourcesFit's Filter.
+	fitView *fitView
 }
 
 // Name returns the plugin's name.
@@ -76,6 +78,9 @@ func New(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, err
 		gpuPolicy:    policies[args.GPUPolicy],
 		agentTimeout: args.AgentHeartbeatTimeout.Duration,
 		names:        args.ResourceNames.Contract(),
+	}
+	if p.fitView, err = newFitView(ctx, h, p.names); err != nil {
+		return nil, err
 	}
 	p.feed, err = feedFor(ctx, h, args.AgentNamespace, p.names)
 	if err != nil {

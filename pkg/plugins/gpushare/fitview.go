@@ -1,0 +1,114 @@
+package gpushare
+
+import (
+	"context"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	fwk "k8s.io/kube-scheduler/framework"
+	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
+	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/noderesources"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// fitPreFilterKey is where NodeResourcesFit's PreFilter leaves the pod's
+// requests for its Filter ("PreFilter" + its name, as kube-scheduler's
+// plugins key their state).
+const fitPreFilterKey fwk.StateKey = "PreFilter" + noderesources.Name
+
+// fitView keeps the resources GPUShare accounts per card — memory, memory
+// percent, compute — out of what NodeResourcesFit's Filter checks. Nodes do
+// not advertise them, so every profile lists them in NodeResourcesFit's
+// ignoredResources; but NodeResourcesFit matches each extended resource of
+// the pod against a regular expression before consulting that list, on every
+// node for every pod, and for a shared-card pod that was the largest cost
+// Tessera added to scheduling (docs/performance.md). So GPUShare's PreFilter,
+// which runs after NodeResourcesFit's, replaces NodeResourcesFit's state with
+// the one NodeResourcesFit computes for the pod without those resources. The
+// card count (GPU) stays: NodeResourcesFit checks it against what the device
+// plugin advertises. Where NodeResourcesFit is disabled or runs after
+// GPUShare, nothing is replaced and ignoredResources does the same work.
+type fitView struct {
+	fit   fwk.PreFilterPlugin
+	names [3]v1.ResourceName
+}
+
+// newFitView builds the NodeResourcesFit instance that computes the narrowed
+// state; its args do not matter to PreFilter beyond passing validation.
+func newFitView(ctx context.Context, h fwk.Handle, names gpuinfo.ResourceNames) (*fitView, error) {
+	args := &schedconfig.NodeResourcesFitArgs{ScoringStrategy: &schedconfig.ScoringStrategy{
+		Type:      schedconfig.LeastAllocated,
+		Resources: []schedconfig.ResourceSpec{{Name: string(v1.ResourceCPU), Weight: 1}},
+	}}
+	pl, err := noderesources.NewFit(ctx, args, h, feature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate))
+	if err != nil {
+		return nil, err
+	}
+	return &fitView{fit: pl.(fwk.PreFilterPlugin), names: [3]v1.ResourceName{names.Memory, names.MemoryPercent, names.Cores}}, nil
+}
+
+// narrow replaces NodeResourcesFit's PreFilter state with the pod's requests
+// less the per-card resources, when NodeResourcesFit has written its state
+// in this cycle and the pod asks for any of them.
+func (v *fitView) narrow(ctx context.Context, state fwk.CycleState, pod *v1.Pod) {
+	if _, err := state.Read(fitPreFilterKey); err != nil {
+		return
+	}
+	if narrowed := v.without(pod); narrowed != nil {
+		_, _ = v.fit.PreFilter(ctx, state, narrowed, nil)
+	}
+}
+
+// without returns a copy of the pod whose containers ask for none of the
+// per-card resources, or nil when none does. Everything else is shared.
+func (v *fitView) without(pod *v1.Pod) *v1.Pod {
+	if !slices.ContainsFunc(pod.Spec.Containers, v.asks) && !slices.ContainsFunc(pod.Spec.InitContainers, v.asks) {
+		return nil
+	}
+	out := *pod
+	out.Spec.Containers = v.strip(pod.Spec.Containers)
+	out.Spec.InitContainers = v.strip(pod.Spec.InitContainers)
+	return &out
+}
+
+// asks reports whether the container requests or limits a per-card resource.
+func (v *fitView) asks(c v1.Container) bool {
+	for _, name := range v.names {
+		if _, ok := c.Resources.Requests[name]; ok {
+			return true
+		}
+		if _, ok := c.Resources.Limits[name]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// strip copies containers, dropping the per-card resources from those that
+// ask for them.
+func (v *fitView) strip(containers []v1.Container) []v1.Container {
+	if len(containers) == 0 {
+		return containers
+	}
+	out := slices.Clone(containers)
+	for i := range out {
+		if v.asks(out[i]) {
+			out[i].Resources.Requests = v.dropFrom(out[i].Resources.Requests)
+			out[i].Resources.Limits = v.dropFrom(out[i].Resources.Limits)
+		}
+	}
+	return out
+}
+
+func (v *fitView) dropFrom(list v1.ResourceList) v1.ResourceList {
+	out := make(v1.ResourceList, len(list))
+	for name, q := range list {
+		if !slices.Contains(v.names[:], name) {
+			out[name] = q
+		}
+	}
+	return out
+}
