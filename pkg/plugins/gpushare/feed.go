@@ -52,6 +52,8 @@ type feed struct {
 	// consistent maps a node name to the snapshot generation at which the
 	// ledger was last found to hold no pod the snapshot lacks.
 	consistent sync.Map
+	// scores carries Filter's scores to Score within a cycle.
+	scores scoreMemo
 	// learner learns the workload from the requests of the pods scheduled.
 	learner *workload.Learner
 	// names are the resource names of the first profile (metrics use them
@@ -164,6 +166,7 @@ func (f *feed) onNodeDelete(obj any) {
 	if n, ok := obj.(*v1.Node); ok {
 		f.ledger.DeleteNode(n.Name)
 		f.consistent.Delete(n.Name)
+		f.scores.forget(n.Name)
 	}
 }
 

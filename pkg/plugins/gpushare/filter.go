@@ -58,6 +58,9 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 	case err != nil:
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonInvalidInventory)
 	case out.Fits:
+		if s.cycle != 0 && !p.usesWorkload() {
+			p.scores.store(node, s.cycle, usageScore(out))
+		}
 		return nil
 	case out.Failure.Kind == allocator.Reserved:
 		p.wait(reservationsWaitKey, pod)

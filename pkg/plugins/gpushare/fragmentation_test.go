@@ -28,8 +28,23 @@ func learnHalfCards(h *harness) {
 // scoreNodes runs PreScore, Score on each node and NormalizeScore.
 func scoreNodes(t *testing.T, h *harness, pod *v1.Pod, nodes ...fwk.NodeInfo) fwk.NodeScoreList {
 	t.Helper()
+	return scoreNodesAfter(t, h, pod, true, nodes...)
+}
+
+// scoreNodesAfter is scoreNodes, with Filter run on every node first (as
+// the framework does) or not, so that Score places the pod itself.
+func scoreNodesAfter(t *testing.T, h *harness, pod *v1.Pod, filterFirst bool, nodes ...fwk.NodeInfo) fwk.NodeScoreList {
+	t.Helper()
 	state := framework.NewCycleState()
-	h.plugin.PreFilter(h.ctx, state, pod, nil)
+	_, pre := h.plugin.PreFilter(h.ctx, state, pod, nil)
+	for _, ni := range nodes {
+		// The framework skips Filter for a pod PreFilter skipped.
+		if filterFirst && pre.Code() != fwk.Skip {
+			if s := h.plugin.Filter(h.ctx, state, pod, ni); !s.IsSuccess() {
+				t.Fatalf("Filter on node %s: %v", ni.Node().Name, s)
+			}
+		}
+	}
 	if s := h.plugin.PreScore(h.ctx, state, pod, nil); !s.IsSuccess() {
 		t.Fatalf("PreScore: %v", s)
 	}

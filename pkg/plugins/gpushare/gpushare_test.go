@@ -2,6 +2,7 @@ package gpushare
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -233,13 +234,17 @@ func TestScore(t *testing.T) {
 		{config.PolicyBinpack, fwk.NodeScoreList{{Name: "used", Score: 100}, {Name: "empty", Score: 16}}},
 		{config.PolicySpread, fwk.NodeScoreList{{Name: "used", Score: 0}, {Name: "empty", Score: 84}}},
 	} {
-		t.Run(string(tc.policy), func(t *testing.T) {
-			h := newHarness(t, args(tc.policy, tc.policy), used, empty, running)
-			got := scoreNodes(t, h, pod, nodeInfo(used), nodeInfo(empty))
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("scores (-want,+got):\n%s", diff)
-			}
-		})
+		// After Filter, Score takes Filter's placement; alone, it places
+		// the pod itself. Both must give the figures above.
+		for _, filterFirst := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/after Filter %v", tc.policy, filterFirst), func(t *testing.T) {
+				h := newHarness(t, args(tc.policy, tc.policy), used, empty, running)
+				got := scoreNodesAfter(t, h, pod, filterFirst, nodeInfo(used), nodeInfo(empty))
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Errorf("scores (-want,+got):\n%s", diff)
+				}
+			})
+		}
 	}
 	t.Run("pods without GPUs skip scoring", func(t *testing.T) {
 		h := newHarness(t, nil)

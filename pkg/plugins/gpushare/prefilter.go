@@ -32,7 +32,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// replay is deterministic.
 	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
 	p.fitView.narrow(ctx, state, pod)
-	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted), reservations: p.reservations.against(pod)})
+	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted), reservations: p.reservations.against(pod), cycle: p.scores.newCycle()})
 	if res := p.awaitVictims(pod); res != nil {
 		return res, nil
 	}

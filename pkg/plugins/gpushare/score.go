@@ -46,6 +46,9 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 		}
 		return fragmentationScore(out), nil
 	}
+	if score, ok := p.scores.load(nodeInfo.Node().Name, s.cycle); ok {
+		return score, nil
+	}
 	out, err := p.fit(s, nodeInfo, p.strategy(s.workload, s.reservations, nodeInfo, s.cpuMilli))
 	if err != nil || !out.Fits {
 		return 0, nil
@@ -53,7 +56,15 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 	if p.nodePolicy == allocator.FragmentationAware {
 		return fragmentationScore(out), nil
 	}
-	return out.UsedPermille * fwk.MaxNodeScore / 1000, nil
+	return usageScore(out), nil
+}
+
+// usageScore is the Binpack and Spread score of a placement: the node's
+// usage after it, 0-100. Filter's placement uses the same strategy as
+// Score's for these policies (no workload), so Filter computes it and Score
+// takes it from the memo.
+func usageScore(out allocator.Outcome) int64 {
+	return out.UsedPermille * fwk.MaxNodeScore / 1000
 }
 
 // ScoreExtensions returns the plugin itself, for NormalizeScore.

@@ -26,11 +26,16 @@ type cycleState struct {
 	// fragmentation.
 	workload *allocator.Workload
 	cpuMilli int64
+	// cycle numbers the scheduling cycle for the score memo; 0 in clones,
+	// whose Filter runs (nominated pods added, preemption dry runs) see the
+	// nodes otherwise than Score will.
+	cycle uint64
 }
 
 // Clone copies the per-node adjustments; the request is shared, read-only.
 func (s *cycleState) Clone() fwk.StateData {
 	c := *s
+	c.cycle = 0
 	if s.deltas != nil {
 		c.deltas = make(map[string][]allocator.Delta, len(s.deltas))
 		for node, d := range s.deltas {
