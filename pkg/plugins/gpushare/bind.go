@@ -11,35 +11,22 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// PreBindPreFlight skips PreBind for pods without GPUs; the health check of
-// GPU pods may run in parallel with other PreBind plugins.
-func (p *Plugin) PreBindPreFlight(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ string) (*fwk.PreBindPreFlightResult, *fwk.Status) {
-	if s := getState(state); s == nil || s.assignment == nil {
-		return nil, fwk.NewStatus(fwk.Skip)
-	}
-	return &fwk.PreBindPreFlightResult{AllowParallel: true}, nil
-}
-
-// PreBind checks that the node still reports the chosen cards, healthy.
-func (p *Plugin) PreBind(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeName string) *fwk.Status {
-	s := getState(state)
-	if s == nil || s.assignment == nil {
-		return nil
-	}
-	if err := p.ledger.CardsHealthy(nodeName, s.assignment); err != nil {
-		return fwk.NewStatus(fwk.Unschedulable, err.Error())
-	}
-	return nil
-}
-
 // Bind binds a GPU pod with its assignment on the Binding object: the API
 // server copies the Binding's annotations onto the pod in the same write that
 // sets its node, so no pod runs without its assignment and no assignment
-// survives a failed bind. Other pods are left to the next Bind plugin.
+// survives a failed bind. First it checks that the node still reports every
+// chosen card, healthy; if not, the pod is rejected and tried again. (The
+// check is here rather than in PreBind: a pod with PreBind work gets its
+// nominated node written to the API before binding, a second write per pod
+// that an in-memory check does not need.) Other pods are left to the next
+// Bind plugin.
 func (p *Plugin) Bind(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s := getState(state)
 	if s == nil || s.assignment == nil {
 		return fwk.NewStatus(fwk.Skip)
+	}
+	if err := p.ledger.CardsHealthy(nodeName, s.assignment); err != nil {
+		return fwk.NewStatus(fwk.Unschedulable, err.Error())
 	}
 	raw, err := s.assignment.Encode()
 	if err != nil {

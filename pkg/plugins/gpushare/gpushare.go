@@ -31,7 +31,6 @@ var (
 	_ fwk.ScorePlugin         = &Plugin{}
 	_ fwk.ScoreExtensions     = &Plugin{}
 	_ fwk.ReservePlugin       = &Plugin{}
-	_ fwk.PreBindPlugin       = &Plugin{}
 	_ fwk.BindPlugin          = &Plugin{}
 	_ fwk.EnqueueExtensions   = &Plugin{}
 	_ fwk.SignPlugin          = &Plugin{}

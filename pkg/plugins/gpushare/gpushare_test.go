@@ -289,7 +289,7 @@ func TestReserveUnreserve(t *testing.T) {
 	}
 }
 
-func TestPreBindAndBind(t *testing.T) {
+func TestBind(t *testing.T) {
 	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
 	pod := gpuPod("p", testutil.Share(1024, 10)).Obj()
 	plainPod := st.MakePod().Name("plain").Namespace("default").Obj()
@@ -306,12 +306,6 @@ func TestPreBindAndBind(t *testing.T) {
 	h.plugin.PreFilter(h.ctx, state, pod, nil)
 	if s := h.plugin.Reserve(h.ctx, state, pod, "n"); !s.IsSuccess() {
 		t.Fatal(s)
-	}
-	if _, s := h.plugin.PreBindPreFlight(h.ctx, state, pod, "n"); !s.IsSuccess() {
-		t.Errorf("PreBindPreFlight = %v", s)
-	}
-	if s := h.plugin.PreBind(h.ctx, state, pod, "n"); !s.IsSuccess() {
-		t.Errorf("PreBind = %v", s)
 	}
 	if s := h.plugin.Bind(h.ctx, state, pod, "n"); !s.IsSuccess() {
 		t.Fatalf("Bind = %v", s)
@@ -334,15 +328,17 @@ func TestPreBindAndBind(t *testing.T) {
 	if s := h.plugin.Bind(h.ctx, framework.NewCycleState(), plainPod, "n"); s.Code() != fwk.Skip {
 		t.Errorf("Bind of a pod without GPUs = %v, want Skip", s)
 	}
-	if _, s := h.plugin.PreBindPreFlight(h.ctx, framework.NewCycleState(), plainPod, "n"); s.Code() != fwk.Skip {
-		t.Errorf("PreBindPreFlight of a pod without GPUs = %v, want Skip", s)
-	}
 }
 
-func TestPreBindRejectsCardThatTurnedUnhealthy(t *testing.T) {
+func TestBindRejectsCardThatTurnedUnhealthy(t *testing.T) {
 	inv := testutil.Inventory("n", "A100", 81920, 1)
 	node := testutil.GPUNode("n", inv)
 	h := newHarness(t, nil, node)
+	bound := false
+	h.client.PrependReactor("create", "pods", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		bound = bound || action.GetSubresource() == "binding"
+		return false, nil, nil
+	})
 	pod := gpuPod("p", testutil.Share(1024, 10)).Obj()
 	state := framework.NewCycleState()
 	h.plugin.PreFilter(h.ctx, state, pod, nil)
@@ -351,9 +347,12 @@ func TestPreBindRejectsCardThatTurnedUnhealthy(t *testing.T) {
 	}
 	inv.Cards[0].Healthy = false
 	h.plugin.ledger.SetInventory("n", "", testutil.MustEncode(inv), true)
-	s := h.plugin.PreBind(h.ctx, state, pod, "n")
-	if s.IsSuccess() || !strings.Contains(s.Message(), "became unhealthy") {
-		t.Errorf("PreBind = %v, want a rejection naming the unhealthy card", s)
+	s := h.plugin.Bind(h.ctx, state, pod, "n")
+	if !s.IsRejected() || !strings.Contains(s.Message(), "became unhealthy") {
+		t.Errorf("Bind = %v, want a rejection naming the unhealthy card", s)
+	}
+	if bound {
+		t.Error("the pod was bound to a node whose card turned unhealthy")
 	}
 }
 
