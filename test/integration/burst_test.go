@@ -77,7 +77,17 @@ type replica struct {
 	cmd *exec.Cmd
 }
 
-func (e *env) startReplica(t *testing.T, name string, args ...string) *replica {
+// testContext is what startReplica needs of a test or benchmark context.
+type testContext interface {
+	Helper()
+	Fatal(args ...any)
+	Logf(format string, args ...any)
+	TempDir() string
+	Cleanup(func())
+	Failed() bool
+}
+
+func startReplica(t testContext, name string, args ...string) *replica {
 	t.Helper()
 	log, err := os.Create(filepath.Join(t.TempDir(), name+".log"))
 	if err != nil {
@@ -100,6 +110,24 @@ func (e *env) startReplica(t *testing.T, name string, args ...string) *replica {
 		}
 	})
 	return r
+}
+
+// peakRSS is the replica's peak resident set size in bytes (VmHWM).
+func (r *replica) peakRSS() (int64, error) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", r.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kib int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kib); err != nil {
+				return 0, fmt.Errorf("VmHWM %q: %w", v, err)
+			}
+			return kib << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", r.cmd.Process.Pid)
 }
 
 func (r *replica) kill() {
@@ -130,7 +158,7 @@ func TestLeaderFailoverMidBurst(t *testing.T) {
 		"--config=" + e.config, "--secure-port=0", "--leader-elect=true",
 		"--leader-elect-lease-duration=4s", "--leader-elect-renew-deadline=3s", "--leader-elect-retry-period=500ms",
 	}
-	leader := e.startReplica(t, "replica-a", args...)
+	leader := startReplica(t, "replica-a", args...)
 	var holder string
 	e.waitFor(60*time.Second, "the first replica to lead", func() (bool, error) {
 		l, err := e.client.CoordinationV1().Leases(manifests.Namespace).Get(e.tCtx, lease, metav1.GetOptions{})
@@ -143,7 +171,7 @@ func TestLeaderFailoverMidBurst(t *testing.T) {
 		holder = *l.Spec.HolderIdentity
 		return holder != "", nil
 	})
-	e.startReplica(t, "replica-b", args...)
+	startReplica(t, "replica-b", args...)
 	// The burst's first half goes to the leader, which is killed while
 	// binding it; the second half arrives when only the standby is left.
 	names := e.createBurst(0, 100, "tessera-binpack")

@@ -73,6 +73,10 @@ var throughputMix = []struct {
 // needs 1.33 cards per pod, more than the 8,000 cards the fleet has.
 var throughputSizes = flag.String("throughput-sizes", "1000x5000,5000x10000", "nodes×pods of BenchmarkThroughput, comma-separated")
 
+// throughputProcess runs each side's scheduler as a process of its own, to
+// measure its peak memory.
+var throughputProcess = flag.Bool("throughput-process", false, "run each side's scheduler as its own process and report its peak RSS (no per-extension-point times then)")
+
 // throughputOnly runs one side alone, for profiling it.
 var throughputOnly = flag.String("throughput-only", "", "run only this side of BenchmarkThroughput (tessera-binpack or vanilla-binpack), to profile it")
 
@@ -120,7 +124,7 @@ func BenchmarkThroughput(b *testing.B) {
 			sides := throughputSides(tCtx, b.TempDir())
 			nodes := createThroughputNodes(tCtx, size.nodes)
 			defer deleteNodes(controlPlane.Client, nodes)
-			rates := map[string][]float64{}
+			rates, peaks := map[string][]float64{}, map[string][]float64{}
 			if *throughputOnly != "" {
 				sides = slices.DeleteFunc(sides, func(s side) bool { return s.name != *throughputOnly })
 				if len(sides) == 0 {
@@ -129,13 +133,21 @@ func BenchmarkThroughput(b *testing.B) {
 			}
 			for i := 0; i < b.N; i++ {
 				for _, s := range sides {
-					rate, latencies := throughputRound(tCtx, s, size.pods)
-					rates[s.name] = append(rates[s.name], rate)
-					b.Logf("round %d %s: %.1f pods/s; mean per pod: %s", i, s.name, rate, latencies)
+					r := throughputRound(tCtx, s, size.pods)
+					rates[s.name] = append(rates[s.name], r.rate)
+					if r.peakRSS > 0 {
+						peaks[s.name] = append(peaks[s.name], float64(r.peakRSS)/(1<<20))
+						b.Logf("round %d %s: %.1f pods/s; peak RSS %d MiB", i, s.name, r.rate, r.peakRSS>>20)
+						continue
+					}
+					b.Logf("round %d %s: %.1f pods/s; mean per pod: %s", i, s.name, r.rate, r.latencies)
 				}
 			}
 			for _, s := range sides {
 				b.ReportMetric(mean(rates[s.name]), s.name+"-pods/s")
+				if len(peaks[s.name]) > 0 {
+					b.ReportMetric(slices.Max(peaks[s.name]), s.name+"-peak-RSS-MiB")
+				}
 			}
 			if len(sides) == 2 {
 				b.ReportMetric(mean(rates["tessera-binpack"])/mean(rates["vanilla-binpack"]), "ratio")
@@ -226,12 +238,23 @@ func deleteNodes(client kubernetes.Interface, names []string) {
 	})
 }
 
+// roundResult is one side's round: pods bound per second, and either the
+// mean latency of each extension point (scheduler in this process) or the
+// scheduler's peak RSS in bytes (scheduler in its own process).
+type roundResult struct {
+	rate      float64
+	latencies string
+	peakRSS   int64
+}
+
 // throughputRound creates the pods in a fresh namespace, starts the side's
 // scheduler and measures pods bound per second from the first binding to
-// the last, then stops the scheduler and deletes the pods. It also returns
-// the mean latency of each extension point during the round, from the
-// scheduler's own metrics.
-func throughputRound(tCtx ktesting.TContext, s side, n int) (float64, string) {
+// the last, then stops the scheduler and deletes the pods. With the scheduler
+// in this process it also returns the mean latency of each extension point
+// during the round, from the scheduler's own metrics; with
+// -throughput-process, the scheduler process's peak RSS once every pod is
+// bound.
+func throughputRound(tCtx ktesting.TContext, s side, n int) roundResult {
 	created, err := controlPlane.Client.CoreV1().Namespaces().Create(tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "tp-" + s.name + "-"}}, metav1.CreateOptions{})
 	if err != nil {
 		tCtx.Fatal(err)
@@ -255,18 +278,17 @@ func throughputRound(tCtx ktesting.TContext, s side, n int) (float64, string) {
 		tCtx.Fatal(err)
 	}
 	bound := watchBindings(tCtx, client, ns)
+	var result roundResult
 	before := extensionPointTotals(s.profile)
-	sched, err := cluster.StartScheduler(tCtx, s.config)
-	if err != nil {
-		tCtx.Fatal(err)
-	}
-	defer sched.Stop()
+	stop := startThroughputScheduler(tCtx, s)
+	defer stop()
 	first, last, err := bound.wait(tCtx, len(specs))
 	if err != nil {
 		tCtx.Fatalf("%s: %v; for example: %s", s.name, err, unboundReasons(tCtx, client, ns))
 	}
-	sched.Stop()
-	latencies := extensionPointMeans(before, extensionPointTotals(s.profile))
+	if result.peakRSS = stop(); result.peakRSS == 0 {
+		result.latencies = extensionPointMeans(before, extensionPointTotals(s.profile))
+	}
 	zero := int64(0)
 	if err := client.CoreV1().Pods(ns).DeleteCollection(tCtx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
 		tCtx.Fatal(err)
@@ -278,7 +300,37 @@ func throughputRound(tCtx ktesting.TContext, s side, n int) (float64, string) {
 	if err != nil {
 		tCtx.Fatalf("deleting the round's pods: %v", err)
 	}
-	return float64(len(specs)-1) / last.Sub(first).Seconds(), latencies
+	result.rate = float64(len(specs)-1) / last.Sub(first).Seconds()
+	return result
+}
+
+// startThroughputScheduler starts the side's scheduler, in this process or,
+// with -throughput-process, as a process of its own. The returned stop
+// stops it (once; later calls return 0) and returns its peak RSS in bytes,
+// or 0 for a scheduler in this process.
+func startThroughputScheduler(tCtx ktesting.TContext, s side) (stop func() int64) {
+	var once sync.Once
+	if !*throughputProcess {
+		sched, err := cluster.StartScheduler(tCtx, s.config)
+		if err != nil {
+			tCtx.Fatal(err)
+		}
+		return func() int64 {
+			once.Do(sched.Stop)
+			return 0
+		}
+	}
+	r := startReplica(tCtx, s.name, "--config="+s.config, "--secure-port=0", "--leader-elect=false")
+	return func() (peak int64) {
+		once.Do(func() {
+			var err error
+			if peak, err = r.peakRSS(); err != nil {
+				tCtx.Error(err)
+			}
+			r.kill()
+		})
+		return peak
+	}
 }
 
 // bindings records when each pod of a namespace was first seen bound, from
