@@ -137,10 +137,10 @@ func BenchmarkThroughput(b *testing.B) {
 					rates[s.name] = append(rates[s.name], r.rate)
 					if r.peakRSS > 0 {
 						peaks[s.name] = append(peaks[s.name], float64(r.peakRSS)/(1<<20))
-						b.Logf("round %d %s: %.1f pods/s; peak RSS %d MiB", i, s.name, r.rate, r.peakRSS>>20)
+						fmt.Printf("throughput: %s round %d of %d, %s: %.1f pods/s; peak RSS %d MiB\n", b.Name(), i+1, b.N, s.name, r.rate, r.peakRSS>>20)
 						continue
 					}
-					b.Logf("round %d %s: %.1f pods/s; mean per pod: %s", i, s.name, r.rate, r.latencies)
+					fmt.Printf("throughput: %s round %d of %d, %s: %.1f pods/s; mean per pod: %s\n", b.Name(), i+1, b.N, s.name, r.rate, r.latencies)
 				}
 			}
 			for _, s := range sides {
@@ -476,6 +476,10 @@ type extensionPoint struct {
 // pod) among the extension points.
 const algorithm = "Algorithm"
 
+// batchPrefix marks the counts of opportunistic batching's attempts, by
+// result, among the extension points.
+const batchPrefix = "batch "
+
 // extensionPointTotals reads kube-scheduler's per-extension-point latency
 // histogram for a profile, summed over statuses, and its scheduling algorithm
 // latency.
@@ -492,6 +496,17 @@ func extensionPointTotals(profile string) map[string]extensionPoint {
 			byProfile = true
 		case "scheduler_scheduling_algorithm_duration_seconds":
 			// Not labelled by profile: one side's scheduler runs at a time.
+		case "scheduler_batch_attempts_total":
+			// Opportunistic batching: how often a pod took the previous
+			// cycle's results.
+			for _, m := range f.GetMetric() {
+				if label(m, "profile") == profile {
+					t := out[batchPrefix+label(m, "result")]
+					t.count += uint64(m.GetCounter().GetValue())
+					out[batchPrefix+label(m, "result")] = t
+				}
+			}
+			continue
 		default:
 			continue
 		}
@@ -527,6 +542,10 @@ func extensionPointMeans(before, after map[string]extensionPoint) string {
 	var parts []string
 	for ep, a := range after {
 		b := before[ep]
+		if strings.HasPrefix(ep, batchPrefix) {
+			parts = append(parts, fmt.Sprintf("%s %d", ep, a.count-b.count))
+			continue
+		}
 		if a.count > b.count {
 			parts = append(parts, fmt.Sprintf("%s %.0fµs", ep, (a.sum-b.sum)/float64(a.count-b.count)*1e6))
 		}
