@@ -27,7 +27,8 @@ func TestDemoOnce(t *testing.T) {
 		regexp.MustCompile(`(?m)^h100-node\s+\d\s+NVIDIA H100.*pretrain-h100$`),
 		regexp.MustCompile(`(?m)^t4-node\s+\d\s+Tesla T4.*video-pipeline$`),
 		regexp.MustCompile(`default/too-big: .*GPUs: the pod needs 1 GPU with 163840 MiB; 4 nodes with at most 81920 MiB free on a GPU; 1 node without GPUs`),
-		regexp.MustCompile(`default/web on `),
+		// a pod without GPUs goes to the node without GPUs.
+		regexp.MustCompile(`default/web on cpu-node`),
 		// priority: the critical pod preempted one batch job and took its L4.
 		regexp.MustCompile(`(?m)^l4-node\s+\d\s+NVIDIA L4.*l4-critical$`),
 		regexp.MustCompile(`(?m)^  default/l4-batch-\d for default/l4-critical on l4-node$`),

@@ -48,3 +48,24 @@ func TestSpreadUsesDifferentCards(t *testing.T) {
 		t.Errorf("spread put both pods on node %s while another node was empty", first.Node)
 	}
 }
+
+// TestPodsWithoutGPUsAvoidGPUNodes: in every shipped profile a pod that asks
+// for no GPUs goes to the node without GPUs, though the GPU node, busier
+// with CPU, is where kube-scheduler's packing of CPU alone would put it:
+// CPU taken on a GPU node can strand its free cards.
+func TestPodsWithoutGPUsAvoidGPUNodes(t *testing.T) {
+	e := newEnv(t)
+	gpuNode := e.node("gpu", cluster.A100, 8, nil)
+	plain := e.plainNode("plain")
+	e.startScheduler()
+	busy := e.podSpec("busy", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 4096, "cpu": 16})
+	busy.Spec.NodeSelector = map[string]string{v1.LabelHostname: gpuNode}
+	e.create(busy)
+	e.waitBound(30*time.Second, "busy")
+	for _, profile := range []string{"tessera-binpack", "tessera-spread", "tessera-fragmentation-aware"} {
+		e.create(e.podSpec("web-"+profile, profile, map[string]int64{"cpu": 2}))
+		if got := e.waitBound(30*time.Second, "web-"+profile)["web-"+profile].Spec.NodeName; got != plain {
+			t.Errorf("%s put a pod without GPUs on %s, want the node without GPUs %s", profile, got, plain)
+		}
+	}
+}

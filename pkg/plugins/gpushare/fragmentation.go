@@ -10,9 +10,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 )
 
-// cpuOnlyStateKey is where PreScore leaves what the fragmentation-aware node
-// policy needs to score a pod that asks for no GPUs: where its CPU goes
-// decides which nodes keep enough CPU for the GPU requests to come.
+// cpuOnlyStateKey is where PreScore leaves what Score needs for a pod that
+// asks for no GPUs: every CPU it takes on a GPU node can strand that node's
+// free cards, so it is scored too (cpuOnlyScore).
 const cpuOnlyStateKey fwk.StateKey = Name + "/cpu-only"
 
 // fragmentationScale turns a fragmentation delta (per mille of a card) into
@@ -57,8 +57,8 @@ func fragmentationScore(out allocator.Outcome) int64 {
 	return -int64(out.FragmentationDelta*fragmentationScale)*usageRange + out.UsedPermille
 }
 
-// cpuOnlyState is the cycle state of a pod without GPUs under the
-// fragmentation-aware node policy.
+// cpuOnlyState is the cycle state of a pod without GPUs; workload is set
+// under the fragmentation-aware node policy only.
 type cpuOnlyState struct {
 	workload *allocator.Workload
 	cpuMilli int64

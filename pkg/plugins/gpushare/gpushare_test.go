@@ -246,12 +246,37 @@ func TestScore(t *testing.T) {
 			})
 		}
 	}
-	t.Run("pods without GPUs skip scoring", func(t *testing.T) {
-		h := newHarness(t, nil)
-		if s := h.plugin.PreScore(h.ctx, framework.NewCycleState(), st.MakePod().Obj(), nil); s.Code() != fwk.Skip {
-			t.Errorf("PreScore = %v, want Skip", s)
-		}
-	})
+}
+
+// TestPodsWithoutGPUsStrandTheLeastGPU: under every node policy a pod that
+// asks for no GPUs prefers a node without GPUs, then the node whose cards
+// are fullest, where its CPU can strand the least GPU.
+func TestPodsWithoutGPUsStrandTheLeastGPU(t *testing.T) {
+	cpuOnly := st.MakeNode().Name("cpu-only").Capacity(map[v1.ResourceName]string{v1.ResourceCPU: "16", v1.ResourcePods: "110"}).Obj()
+	full := testutil.GPUNode("full", testutil.Inventory("f", "A100", 81920, 1))
+	half := testutil.GPUNode("half", testutil.Inventory("h", "A100", 81920, 2))
+	empty := testutil.GPUNode("empty", testutil.Inventory("e", "A100", 81920, 2))
+	holders := []runtime.Object{
+		boundPod("fills", "full", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-f-0", MemoryMiB: 81920, Cores: 100}}}),
+		boundPod("halves", "half", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-h-0", MemoryMiB: 81920, Cores: 100}}}),
+	}
+	pod := st.MakePod().Name("web").Namespace("default").UID("web").Req(map[v1.ResourceName]string{v1.ResourceCPU: "1"}).Obj()
+	for _, policy := range []config.Policy{config.PolicyBinpack, config.PolicySpread, config.PolicyFragmentationAware} {
+		t.Run(string(policy), func(t *testing.T) {
+			h := newHarness(t, args(policy, config.PolicyBinpack), append([]runtime.Object{cpuOnly, full, half, empty}, holders...)...)
+			scores := scoreNodes(t, h, pod, nodeInfo(cpuOnly), nodeInfo(full), nodeInfo(half), nodeInfo(empty))
+			got := map[string]int64{}
+			for _, s := range scores {
+				got[s.Name] = s.Score
+			}
+			if !(got["cpu-only"] >= got["full"] && got["full"] > got["half"] && got["half"] > got["empty"]) {
+				t.Errorf("scores %v; want cpu-only >= full > half > empty", got)
+			}
+			if got["cpu-only"] != fwk.MaxNodeScore {
+				t.Errorf("the node without GPUs scored %d, want %d", got["cpu-only"], fwk.MaxNodeScore)
+			}
+		})
+	}
 }
 
 func TestReserveUnreserve(t *testing.T) {

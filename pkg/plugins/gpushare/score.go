@@ -2,6 +2,7 @@ package gpushare
 
 import (
 	"context"
+	"math"
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -10,19 +11,20 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 )
 
-// PreScore skips scoring for pods that ask for no GPUs, except under the
-// fragmentation-aware node policy, where their CPU matters too. When a
-// policy measures fragmentation it takes the learned workload once for the
-// cycle.
+// PreScore prepares the scoring of a pod without GPUs too (cpuOnlyScore).
+// When a policy measures fragmentation it takes the learned workload once
+// for the cycle.
 func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
 	s := getState(state)
 	switch {
 	case s != nil && p.usesWorkload():
 		s.workload, s.cpuMilli = p.learner.Workload(), podCPUMilli(pod)
-	case s == nil && p.nodePolicy == allocator.FragmentationAware:
-		state.Write(cpuOnlyStateKey, &cpuOnlyState{workload: p.learner.Workload(), cpuMilli: podCPUMilli(pod)})
 	case s == nil:
-		return fwk.NewStatus(fwk.Skip)
+		c := &cpuOnlyState{cpuMilli: podCPUMilli(pod)}
+		if p.nodePolicy == allocator.FragmentationAware {
+			c.workload = p.learner.Workload()
+		}
+		state.Write(cpuOnlyStateKey, c)
 	}
 	return nil
 }
@@ -36,15 +38,10 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, 
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s := getState(state)
 	if s == nil {
-		c := getCPUOnlyState(state)
-		if c == nil {
-			return 0, nil
+		if c := getCPUOnlyState(state); c != nil {
+			return p.cpuOnlyScore(c, nodeInfo), nil
 		}
-		out, err := p.ledger.FitWithoutGPU(nodeInfo.Node().Name, p.strategy(c.workload, nil, nodeInfo, c.cpuMilli))
-		if err != nil {
-			return 0, nil
-		}
-		return fragmentationScore(out), nil
+		return 0, nil
 	}
 	if score, ok := p.scores.load(nodeInfo.Node().Name, s.cycle); ok {
 		return score, nil
@@ -67,15 +64,40 @@ func usageScore(out allocator.Outcome) int64 {
 	return out.UsedPermille * fwk.MaxNodeScore / 1000
 }
 
+// noGPUsRank is a node without usable GPUs' fragmentation-aware score for a
+// pod without GPUs: above every GPU node's, as it strands no card.
+const noGPUsRank = math.MaxInt64
+
+// cpuOnlyScore scores a node for a pod that asks for no GPUs, by how little
+// GPU its CPU could strand there. A node without usable GPUs strands none
+// and scores highest. Otherwise, under Binpack and Spread alike, the node's
+// GPU usage: a node whose cards are full strands nothing, one whose cards
+// are free risks them all. Under FragmentationAware, how little the pod's
+// CPU raises the node's fragmentation, ties going to the fuller node.
+func (p *Plugin) cpuOnlyScore(c *cpuOnlyState, nodeInfo fwk.NodeInfo) int64 {
+	out, err := p.ledger.FitWithoutGPU(nodeInfo.Node().Name, p.strategy(c.workload, nil, nodeInfo, c.cpuMilli))
+	switch {
+	case err != nil && p.nodePolicy == allocator.FragmentationAware:
+		return noGPUsRank
+	case err != nil:
+		return fwk.MaxNodeScore
+	case p.nodePolicy == allocator.FragmentationAware:
+		return fragmentationScore(out)
+	}
+	return usageScore(out)
+}
+
 // ScoreExtensions returns the plugin itself, for NormalizeScore.
 func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 
-// NormalizeScore scales scores to 0-100, reversed for Spread, and ranks them
-// for FragmentationAware.
-func (p *Plugin) NormalizeScore(_ context.Context, _ fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
+// NormalizeScore scales scores to 0-100, reversed for Spread's GPU pods, and
+// ranks them for FragmentationAware. A pod without GPUs is never reversed:
+// under every policy it goes where it strands the least GPU.
+func (p *Plugin) NormalizeScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
 	if p.nodePolicy == allocator.FragmentationAware {
 		rankScores(scores)
 		return nil
 	}
-	return helper.DefaultNormalizeScore(fwk.MaxNodeScore, p.nodePolicy == allocator.Spread, scores)
+	reverse := p.nodePolicy == allocator.Spread && getCPUOnlyState(state) == nil
+	return helper.DefaultNormalizeScore(fwk.MaxNodeScore, reverse, scores)
 }
