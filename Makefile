@@ -88,9 +88,10 @@ e2e-node:
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem ./pkg/plugins/gpushare/
 
-## bench-throughput: pods/s of Tessera vs vanilla kube-scheduler, 1,000 and 5,000 nodes (about 6 minutes a round)
+## bench-throughput: pods/s of Tessera vs vanilla kube-scheduler, 1,000 and 5,000 nodes (about 6 minutes a round;
+## ROUNDS=3 for three interleaved rounds; BENCH_ARGS for -throughput-sizes, -throughput-only, -throughput-process)
 bench-throughput:
-	$(GO) test -run='^$$' -bench=Throughput -benchtime=$(ROUNDS)x -timeout=120m ./test/integration/
+	$(GO) test -run='^$$' -bench=Throughput -benchtime=$(ROUNDS)x -timeout=120m ./test/integration/ $(if $(BENCH_ARGS),-args $(BENCH_ARGS))
 
 ## sim: replay the openb trace (TRACES=all for every task list; SIM_ARGS for more flags, see docs/performance.md)
 sim:
