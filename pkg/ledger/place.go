@@ -34,13 +34,7 @@ func (l *Ledger) FitCurrent(node *v1.Node, req *gpuinfo.PodRequest, deltas []all
 	if !n.current(node) {
 		return allocator.Outcome{}, ErrStaleInventory
 	}
-	if n == nil {
-		return allocator.Outcome{}, ErrNoInventory
-	}
-	if n.err != nil {
-		return allocator.Outcome{}, n.err
-	}
-	return allocator.Place(n.cards, n.used, deltas, req, st, nil), nil
+	return n.fit(req, deltas, st)
 }
 
 // current reports whether the entry n (nil when the ledger has none) records
@@ -59,20 +53,25 @@ func (n *node) current(node *v1.Node) bool {
 }
 
 func (l *Ledger) fitLocked(nodeName string, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
-	n, err := l.usableNode(nodeName)
-	if err != nil {
+	return l.nodes[nodeName].fit(req, deltas, st)
+}
+
+// fit places req on the entry n (nil when the ledger has none), or returns
+// why its GPUs cannot be used.
+func (n *node) fit(req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
+	if err := n.unusable(); err != nil {
 		return allocator.Outcome{}, err
 	}
 	return allocator.Place(n.cards, n.used, deltas, req, st, nil), nil
 }
 
-// usableNode returns the node's entry, or why its GPUs cannot be used.
-func (l *Ledger) usableNode(nodeName string) (*node, error) {
-	n := l.nodes[nodeName]
+// unusable returns why the entry n (nil when the ledger has none) offers no
+// GPUs, or nil.
+func (n *node) unusable() error {
 	if n == nil {
-		return nil, ErrNoInventory
+		return ErrNoInventory
 	}
-	return n, n.err
+	return n.err
 }
 
 // FitWithoutGPU is Fit for a pod that asks for no GPUs: the outcome's
@@ -80,8 +79,8 @@ func (l *Ledger) usableNode(nodeName string) (*node, error) {
 func (l *Ledger) FitWithoutGPU(nodeName string, st allocator.Strategy) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	n, err := l.usableNode(nodeName)
-	if err != nil {
+	n := l.nodes[nodeName]
+	if err := n.unusable(); err != nil {
 		return allocator.Outcome{}, err
 	}
 	return allocator.PlaceWithoutGPU(n.cards, n.used, st), nil
