@@ -58,7 +58,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 	case err != nil:
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonInvalidInventory)
 	case out.Fits:
-		if s.cycle != 0 && !p.usesWorkload() {
+		if s.cycle != 0 && p.scoresFromFilter() {
 			p.scores.store(node, s.cycle, usageScore(out))
 		}
 		return nil

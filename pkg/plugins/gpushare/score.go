@@ -43,8 +43,10 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 		}
 		return 0, nil
 	}
-	if score, ok := p.scores.load(nodeInfo.Node().Name, s.cycle); ok {
-		return score, nil
+	if p.scoresFromFilter() {
+		if score, ok := p.scores.load(nodeInfo.Node().Name, s.cycle); ok {
+			return score, nil
+		}
 	}
 	out, err := p.fit(s, nodeInfo, p.strategy(s.workload, s.reservations, nodeInfo, s.cpuMilli))
 	if err != nil || !out.Fits {
@@ -56,10 +58,14 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 	return usageScore(out), nil
 }
 
+// scoresFromFilter reports whether Filter's placement is also Score's, so
+// that Filter keeps the score for Score (p.scores): under Binpack and Spread
+// both place with the same strategy; a policy that measures fragmentation
+// scores with the learned workload, which Filter does not use.
+func (p *Plugin) scoresFromFilter() bool { return !p.usesWorkload() }
+
 // usageScore is the Binpack and Spread score of a placement: the node's
-// usage after it, 0-100. Filter's placement uses the same strategy as
-// Score's for these policies (no workload), so Filter computes it and Score
-// takes it from the memo.
+// usage after it, 0-100.
 func usageScore(out allocator.Outcome) int64 {
 	return out.UsedPermille * fwk.MaxNodeScore / 1000
 }
