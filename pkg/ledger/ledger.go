@@ -24,6 +24,9 @@ type Ledger struct {
 	mu    sync.RWMutex
 	nodes map[string]*node
 	pods  map[types.UID]*pod
+	// byFreeCards counts the nodes with a valid inventory by how many of
+	// their usable cards are entirely free (NodesWithFreeCards).
+	byFreeCards [gpuinfo.MaxCardsPerNode + 1]int
 }
 
 type node struct {
@@ -36,6 +39,9 @@ type node struct {
 	hasReport bool
 	// room summarises what the usable cards have free (summarize).
 	room room
+	// countedAt is the entry of Ledger.byFreeCards that counts the node, or
+	// -1 while its inventory is missing or invalid.
+	countedAt int
 	// seenRV is the resourceVersion of the newest node object whose
 	// inventory annotation the ledger has recorded (or found unchanged).
 	seenRV string
@@ -57,7 +63,7 @@ func New() *Ledger {
 func (l *Ledger) nodeLocked(name string) *node {
 	n := l.nodes[name]
 	if n == nil {
-		n = &node{err: ErrNoInventory, pods: map[types.UID]struct{}{}}
+		n = &node{err: ErrNoInventory, pods: map[types.UID]struct{}{}, countedAt: -1}
 		l.nodes[name] = n
 	}
 	return n
@@ -117,6 +123,7 @@ func (l *Ledger) DeleteNode(name string) {
 		return
 	}
 	if len(n.pods) == 0 {
+		l.uncount(n)
 		delete(l.nodes, name)
 		return
 	}
@@ -132,7 +139,25 @@ func (l *Ledger) rechargeLocked(n *node) {
 		p.charge = allocator.Charge(n.cards, p.order, p.assignment)
 		addUsage(n.used, p.charge, 1)
 	}
+	l.summarize(n)
+}
+
+// summarize recomputes the node's room and recounts it in byFreeCards.
+func (l *Ledger) summarize(n *node) {
+	l.uncount(n)
 	n.summarize()
+	if n.err == nil {
+		n.countedAt = min(n.room.freeCards, gpuinfo.MaxCardsPerNode)
+		l.byFreeCards[n.countedAt]++
+	}
+}
+
+// uncount takes the node out of byFreeCards.
+func (l *Ledger) uncount(n *node) {
+	if n.countedAt >= 0 {
+		l.byFreeCards[n.countedAt]--
+		n.countedAt = -1
+	}
 }
 
 func addUsage(dst, src []allocator.Usage, sign int64) {
@@ -156,7 +181,7 @@ func (l *Ledger) addPodLocked(uid types.UID, p *pod) {
 	n := l.nodeLocked(p.node)
 	p.charge = allocator.Charge(n.cards, p.order, p.assignment)
 	addUsage(n.used, p.charge, 1)
-	n.summarize()
+	l.summarize(n)
 	n.pods[uid] = struct{}{}
 	l.pods[uid] = p
 }
@@ -190,10 +215,11 @@ func (l *Ledger) removePodLocked(uid types.UID) {
 	}
 	if len(p.charge) == len(n.used) {
 		addUsage(n.used, p.charge, -1)
-		n.summarize()
+		l.summarize(n)
 	}
 	delete(n.pods, uid)
 	if len(n.pods) == 0 && !n.hasReport {
+		l.uncount(n)
 		delete(l.nodes, p.node)
 	}
 }

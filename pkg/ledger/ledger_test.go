@@ -87,6 +87,7 @@ func randomInventory(r *rand.Rand, node int) string {
 func checkAgainstReference(t *testing.T, step int, l *ledger.Ledger, inventories map[string]string, pods map[types.UID]placed) {
 	t.Helper()
 	capacity := map[string]map[string]testutil.Use{} // node -> uuid -> capacity
+	usable := map[string][]string{}                   // node -> uuids of healthy cards not in MIG mode
 	for node, raw := range inventories {
 		inv, err := gpuinfo.DecodeInventory(raw)
 		if err != nil {
@@ -95,6 +96,9 @@ func checkAgainstReference(t *testing.T, step int, l *ledger.Ledger, inventories
 		capacity[node] = map[string]testutil.Use{}
 		for _, c := range inv.Cards {
 			capacity[node][c.UUID] = testutil.Use{MemoryMiB: c.MemoryMiB, Cores: c.Cores}
+			if c.Healthy && !c.MIGEnabled {
+				usable[node] = append(usable[node], c.UUID)
+			}
 		}
 	}
 	want := map[string]testutil.Use{} // node/uuid -> held
@@ -120,6 +124,27 @@ func checkAgainstReference(t *testing.T, step int, l *ledger.Ledger, inventories
 			if w := want[node+"/"+c.UUID]; got != w {
 				t.Fatalf("step %d: node %s card %d holds %+v in the ledger, %+v by the reference", step, node, c.Index, got, w)
 			}
+		}
+	}
+	// The count of nodes by entirely free usable cards, kept as usage
+	// changes, against a count from the reference.
+	for count := 0; count <= 8; count++ {
+		wantNodes := 0
+		for node := range inventories {
+			free := 0
+			for _, uuid := range usable[node] {
+				if want[node+"/"+uuid] == (testutil.Use{}) {
+					free++
+				}
+			}
+			if free >= count {
+				wantNodes++
+			}
+		}
+		var got int
+		l.Read(func(r ledger.Reader) { got = r.NodesWithFreeCards(count) })
+		if got != wantNodes {
+			t.Fatalf("step %d: NodesWithFreeCards(%d) = %d, the reference counts %d", step, count, got, wantNodes)
 		}
 	}
 }
@@ -262,6 +287,32 @@ func TestInvalidInventoryOffersNothing(t *testing.T) {
 	}
 	if _, err := l.Fit("unknown", req, nil, allocator.Strategy{Policy: allocator.Binpack}); err != ledger.ErrNoInventory {
 		t.Errorf("Fit on an unknown node = %v, want ErrNoInventory", err)
+	}
+
+	// Only nodes with a valid inventory count as having free cards, and
+	// they stop counting when the inventory turns invalid or the node goes.
+	freeNodes := func() (n int) {
+		l.Read(func(r ledger.Reader) { n = r.NodesWithFreeCards(1) })
+		return n
+	}
+	if got := freeNodes(); got != 0 {
+		t.Errorf("NodesWithFreeCards(1) with one invalid inventory = %d, want 0", got)
+	}
+	valid := testutil.MustEncode(testutil.Inventory("n", "T4", 15360, 2))
+	for _, step := range []struct {
+		name string
+		do   func()
+		want int
+	}{
+		{"inventory valid", func() { l.SetInventory("n", "", valid, true) }, 1},
+		{"second node", func() { l.SetInventory("m", "", valid, true) }, 2},
+		{"inventory invalid", func() { l.SetInventory("n", "", "{", true) }, 1},
+		{"node deleted", func() { l.DeleteNode("m") }, 0},
+	} {
+		step.do()
+		if got := freeNodes(); got != step.want {
+			t.Errorf("after %s: NodesWithFreeCards(1) = %d, want %d", step.name, got, step.want)
+		}
 	}
 }
 

@@ -94,3 +94,15 @@ func (r Reader) MayHold(node *v1.Node, c *gpuinfo.ContainerRequest) bool {
 	}
 	return n != nil && n.err == nil && n.room.mayHold(c)
 }
+
+// NodesWithFreeCards is how many nodes with a valid inventory have at least
+// count usable cards with nothing on them: each may hold any container of
+// count cards that one card can hold, so PreFilter can tell without a pass
+// over the nodes when too many may hold a pod for pruning to pay.
+func (r Reader) NodesWithFreeCards(count int) int {
+	total := 0
+	for _, n := range r.l.byFreeCards[max(count, 0):] {
+		total += n
+	}
+	return total
+}

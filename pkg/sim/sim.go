@@ -66,6 +66,9 @@ type Result struct {
 	Allocation []float64
 	// Tasks is how many tasks arrived; Placed how many got a node.
 	Tasks, Placed int
+	// Nodes is, per arrival, the node its pod was bound to, or "" when it
+	// was not placed: two replays of a seed agree on every entry.
+	Nodes []string
 	// Errors counts tasks that failed with a scheduler error rather than for
 	// lack of room; a correct replay has none.
 	Errors  int
@@ -120,13 +123,15 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := &Result{Profile: cfg.Profile, Seed: cfg.Seed, TotalGPUs: int(capacity / 1000), Tasks: len(arrivals)}
 	c := newCurve(capacity)
 	for i, t := range arrivals {
-		placed, schedErr, err := replayTask(ctx, client, watcher, pod(t, i, cfg.Profile))
+		node, schedErr, err := replayTask(ctx, client, watcher, pod(t, i, cfg.Profile))
 		if err != nil {
 			return nil, err
 		}
+		placed := node != ""
 		if placed {
 			res.Placed++
 		}
+		res.Nodes = append(res.Nodes, node)
 		if schedErr {
 			res.Errors++
 		}
@@ -168,36 +173,37 @@ func addNodes(ctx context.Context, client *fake.Clientset, sched *scheduler.Sche
 	return nil
 }
 
-// replayTask creates the task's pod and waits until it is bound or found
-// unschedulable. An unschedulable pod is deleted: the protocol skips tasks
-// that do not fit, and with no departures they never will.
-func replayTask(ctx context.Context, client *fake.Clientset, watcher watch.Interface, p *v1.Pod) (placed, schedErr bool, err error) {
+// replayTask creates the task's pod and waits until it is bound (returning
+// its node) or found unschedulable. An unschedulable pod is deleted: the
+// protocol skips tasks that do not fit, and with no departures they never
+// will.
+func replayTask(ctx context.Context, client *fake.Clientset, watcher watch.Interface, p *v1.Pod) (node string, schedErr bool, err error) {
 	if _, err := client.CoreV1().Pods(namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-		return false, false, err
+		return "", false, err
 	}
 	timeout := time.NewTimer(taskTimeout)
 	defer timeout.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false, false, ctx.Err()
+			return "", false, ctx.Err()
 		case <-timeout.C:
-			return false, false, fmt.Errorf("pod %s: no scheduling outcome within %s", p.Name, taskTimeout)
+			return "", false, fmt.Errorf("pod %s: no scheduling outcome within %s", p.Name, taskTimeout)
 		case ev, ok := <-watcher.ResultChan():
 			if !ok {
-				return false, false, fmt.Errorf("pod watch closed")
+				return "", false, fmt.Errorf("pod watch closed")
 			}
 			got, isPod := ev.Object.(*v1.Pod)
 			if !isPod || got.Name != p.Name || ev.Type == watch.Deleted {
 				continue
 			}
 			if got.Spec.NodeName != "" {
-				return true, false, nil
+				return got.Spec.NodeName, false, nil
 			}
 			for _, cond := range got.Status.Conditions {
 				if cond.Type == v1.PodScheduled && cond.Status == v1.ConditionFalse {
 					err := client.CoreV1().Pods(namespace).Delete(ctx, p.Name, metav1.DeleteOptions{})
-					return false, cond.Reason != v1.PodReasonUnschedulable, err
+					return "", cond.Reason != v1.PodReasonUnschedulable, err
 				}
 			}
 		}

@@ -49,11 +49,6 @@ type feed struct {
 	// all delivered their initial lists.
 	handlers []cache.ResourceEventHandlerRegistration
 	synced   atomic.Bool
-	// consistent maps a node name to the snapshot generation at which the
-	// ledger was last found to hold no pod the snapshot lacks.
-	consistent sync.Map
-	// scores carries Filter's scores to Score within a cycle.
-	scores scoreMemo
 	// learner learns the workload from the requests of the pods scheduled.
 	learner *workload.Learner
 	// names are the resource names of the first profile (metrics use them
@@ -146,6 +141,7 @@ func (f *feed) onNode(obj any) {
 	if !ok {
 		return
 	}
+	f.records.ensure(n.Name)
 	raw, present := n.Annotations[gpuinfo.InventoryAnnotation]
 	changed, err := f.ledger.SetInventory(n.Name, n.ResourceVersion, raw, present)
 	if !changed {
@@ -165,8 +161,7 @@ func (f *feed) onNodeDelete(obj any) {
 	}
 	if n, ok := obj.(*v1.Node); ok {
 		f.ledger.DeleteNode(n.Name)
-		f.consistent.Delete(n.Name)
-		f.scores.forget(n.Name)
+		f.records.nodeDeleted(n.Name)
 	}
 }
 

@@ -40,26 +40,26 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 	if s == nil {
 		return fwk.NewStatus(fwk.Error, reasonNoState)
 	}
-	node := nodeInfo.Node().Name
-	if p.agentTimeout > 0 {
-		if _, silent := p.silence(node, p.agentTimeout); silent {
-			p.wait(node, pod)
+	rec := p.records.get(nodeInfo.Node().Name)
+	if rec != nil {
+		if rec.silentSince(s.silentBefore) {
+			p.wait(nodeInfo.Node().Name, pod)
 			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentSilent)
 		}
+		if rec.notReady.Load() != nil {
+			p.wait(nodeInfo.Node().Name, pod)
+			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentUnready)
+		}
 	}
-	if _, unready := p.unready(node); unready {
-		p.wait(node, pod)
-		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentUnready)
-	}
-	out, err := p.fit(s, nodeInfo, allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
+	out, err := p.fit(s, nodeInfo, rec, allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
 	switch {
 	case errors.Is(err, ledger.ErrNoInventory):
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonNoGPUs)
 	case err != nil:
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonInvalidInventory)
 	case out.Fits:
-		if s.cycle != 0 && p.scoresFromFilter() {
-			p.scores.store(node, s.cycle, usageScore(out))
+		if rec != nil && s.cycle != 0 && p.scoresFromFilter() {
+			rec.storeScore(s.cycle, usageScore(out))
 		}
 		return nil
 	case out.Failure.Kind == allocator.Reserved:

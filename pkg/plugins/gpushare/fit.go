@@ -17,7 +17,7 @@ import (
 // for lack of capacity, drops pods the API no longer has before answering.
 // Otherwise a pod tried in that moment would be rejected on stale data and
 // wait for an unrelated event.
-func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, st allocator.Strategy) (allocator.Outcome, error) {
+func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, rec *nodeRecord, st allocator.Strategy) (allocator.Outcome, error) {
 	node := nodeInfo.Node()
 	deltas := s.deltas[node.Name]
 	out, err := p.ledger.FitCurrent(node, s.req, deltas, st)
@@ -29,7 +29,7 @@ func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, st allocator.Strategy
 		return out, err
 	}
 	if k := out.Failure.Kind; (k == allocator.NoCapacity || k == allocator.TooFewCards) &&
-		p.mayBeStale(nodeInfo) && p.dropDeletedPods(node.Name) {
+		p.mayBeStale(nodeInfo, rec) && p.dropDeletedPods(node.Name) {
 		return p.ledger.Fit(node.Name, s.req, deltas, st)
 	}
 	return out, err
@@ -38,17 +38,20 @@ func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, st allocator.Strategy
 // mayBeStale reports whether the ledger may still hold a pod the scheduler's
 // snapshot of the node no longer has: when it records more bound GPU pods
 // there than the snapshot shows. A node found consistent is not checked again
-// until its snapshot changes (its generation), so a full fleet costs one
-// check per changed node, not one per node per pod.
-func (p *Plugin) mayBeStale(nodeInfo fwk.NodeInfo) bool {
-	name, generation := nodeInfo.Node().Name, nodeInfo.GetGeneration()
-	if v, ok := p.consistent.Load(name); ok && v.(int64) == generation {
+// until its snapshot changes (its generation; kept in the node's record, rec,
+// which may be nil), so a full fleet costs one check per changed node, not
+// one per node per pod.
+func (p *Plugin) mayBeStale(nodeInfo fwk.NodeInfo, rec *nodeRecord) bool {
+	generation := nodeInfo.GetGeneration()
+	if rec != nil && rec.consistentAt.Load() == generation+1 {
 		return false
 	}
-	if p.ledger.BoundCount(name) > boundGPUPods(nodeInfo) {
+	if p.ledger.BoundCount(nodeInfo.Node().Name) > boundGPUPods(nodeInfo) {
 		return true
 	}
-	p.consistent.Store(name, generation)
+	if rec != nil {
+		rec.consistentAt.Store(generation + 1)
+	}
 	return false
 }
 

@@ -22,8 +22,9 @@ import (
 // after the scheduler's unschedulable timeout. A node without a Lease is not
 // affected.
 type heartbeats struct {
-	renewals  sync.Map // node name -> time.Time of the last renewal
-	notReady  sync.Map // node name -> the agent's reason, while it has one
+	// records hold each agent's last renewal and reason for not being
+	// ready, beside what Filter keeps per node.
+	records   nodeRecords
 	activator fwk.PodActivator
 	logger    klog.Logger
 
@@ -34,22 +35,25 @@ type heartbeats struct {
 // silence returns how long the node's agent has not reported, and whether
 // that is longer than timeout.
 func (hb *heartbeats) silence(node string, timeout time.Duration) (time.Duration, bool) {
-	v, ok := hb.renewals.Load(node)
-	if !ok {
+	rec := hb.records.get(node)
+	if rec == nil || rec.renewed.Load() == 0 {
 		return 0, false
 	}
-	age := time.Since(v.(time.Time))
+	age := time.Since(time.Unix(0, rec.renewed.Load()))
 	return age, age > timeout
 }
 
 // unready returns the reason the node's agent gives for not enforcing
 // assignments, if it gives one.
 func (hb *heartbeats) unready(node string) (string, bool) {
-	v, ok := hb.notReady.Load(node)
-	if !ok {
+	rec := hb.records.get(node)
+	if rec == nil {
 		return "", false
 	}
-	return v.(string), true
+	if reason := rec.notReady.Load(); reason != nil {
+		return *reason, true
+	}
+	return "", false
 }
 
 // wait remembers a pod kept off node, to activate it when the agent reports.
@@ -103,15 +107,16 @@ func (hb *heartbeats) onLease(obj any) {
 	if !ok || lease.Spec.RenewTime == nil {
 		return
 	}
-	hb.renewals.Store(node, lease.Spec.RenewTime.Time)
+	rec := hb.records.ensure(node)
+	rec.renewed.Store(lease.Spec.RenewTime.UnixNano())
 	if reason, ok := lease.Annotations[gpuinfo.AgentNotReadyAnnotation]; ok {
 		if len(reason) > gpuinfo.MaxNotReadyReason {
 			reason = reason[:gpuinfo.MaxNotReadyReason] + "..."
 		}
-		hb.notReady.Store(node, reason)
+		rec.notReady.Store(&reason)
 		return
 	}
-	hb.notReady.Delete(node)
+	rec.notReady.Store(nil)
 	hb.activate(node)
 }
 
@@ -121,8 +126,7 @@ func (hb *heartbeats) onLeaseDelete(obj any) {
 	}
 	if lease, ok := obj.(*coordinationv1.Lease); ok {
 		if node, ok := strings.CutPrefix(lease.Name, gpuinfo.AgentLeasePrefix); ok {
-			hb.renewals.Delete(node)
-			hb.notReady.Delete(node)
+			hb.records.leaseDeleted(node)
 			hb.activate(node)
 		}
 	}

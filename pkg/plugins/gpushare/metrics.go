@@ -129,15 +129,14 @@ func (c *collector) CollectWithStability(ch chan<- metrics.Metric) {
 		ratio = fragmented / free
 	}
 	ch <- metrics.NewLazyConstMetric(fleetFragmentation, metrics.GaugeValue, ratio)
-	f.renewals.Range(func(node, renewed any) bool {
-		ch <- metrics.NewLazyConstMetric(agentHeartbeatAge, metrics.GaugeValue, time.Since(renewed.(time.Time)).Seconds(), node.(string))
+	for _, hb := range f.records.heartbeats() {
+		ch <- metrics.NewLazyConstMetric(agentHeartbeatAge, metrics.GaugeValue, time.Since(hb.renewed).Seconds(), hb.node)
 		ready := 1.0
-		if _, unready := f.unready(node.(string)); unready {
+		if hb.notReady != nil {
 			ready = 0
 		}
-		ch <- metrics.NewLazyConstMetric(agentReady, metrics.GaugeValue, ready, node.(string))
-		return true
-	})
+		ch <- metrics.NewLazyConstMetric(agentReady, metrics.GaugeValue, ready, hb.node)
+	}
 	for reason, n := range f.pendingByReason() {
 		ch <- metrics.NewLazyConstMetric(pendingPods, metrics.GaugeValue, float64(n), reason)
 	}

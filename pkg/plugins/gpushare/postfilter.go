@@ -78,7 +78,7 @@ func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo) shortfall {
 	if reason, unready := p.unready(node); unready {
 		return shortfall{phrase: "with a GPU agent that cannot enforce assignments", example: node + ": " + truncate(reason, maxQuoted)}
 	}
-	out, err := p.fit(s, nodeInfo, allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
+	out, err := p.fit(s, nodeInfo, p.records.get(node), allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
 	switch {
 	case errors.Is(err, ledger.ErrNoInventory):
 		return shortfall{phrase: "without GPUs"}

@@ -2,6 +2,8 @@ package gpushare
 
 import (
 	"context"
+	"math"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -32,11 +34,21 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// replay is deterministic.
 	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
 	p.fitView.narrow(ctx, state, pod)
-	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted), reservations: p.reservations.against(pod), cycle: p.scores.newCycle()})
+	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted),
+		reservations: p.reservations.against(pod), silentBefore: p.silentBefore(), cycle: p.records.newCycle()})
 	if res := p.awaitVictims(pod); res != nil {
 		return res, nil
 	}
 	return p.prune(pod, getState(state)), nil
+}
+
+// silentBefore is the heartbeat cutoff for a cycle starting now: agents that
+// last renewed before it are silent. With the check off, no agent is.
+func (p *Plugin) silentBefore() int64 {
+	if p.agentTimeout <= 0 {
+		return math.MinInt64
+	}
+	return time.Now().Add(-p.agentTimeout).UnixNano()
 }
 
 // awaitVictims keeps a preemptor to the node it was nominated to while the

@@ -62,7 +62,7 @@ func (p *Plugin) prune(pod *v1.Pod, s *cycleState) *fwk.PreFilterResult {
 	// kept, as Filter rechecks them (checked outside Read: it asks the
 	// ledger).
 	for _, nodeInfo := range ruledOut {
-		if p.mayBeStale(nodeInfo) {
+		if p.mayBeStale(nodeInfo, p.records.get(nodeInfo.Node().Name)) {
 			if keep = append(keep, nodeInfo.Node().Name); len(keep)*2 > len(nodes) {
 				return nil
 			}
@@ -90,11 +90,17 @@ func (p *Plugin) mayPreempt(pod *v1.Pod) bool {
 // of the fleet, and pruning would cost more than it saves.
 const pruneSample = 64
 
-// worthPruning reports whether at most half the sampled nodes may hold c.
+// worthPruning reports whether at most half the nodes may hold c: not when
+// more than half have c.Count entirely free cards (counted by the ledger, no
+// pass over the nodes), else when at most half the sampled nodes may.
 func (p *Plugin) worthPruning(nodes []fwk.NodeInfo, c *gpuinfo.ContainerRequest) bool {
-	step := max(len(nodes)/pruneSample, 1)
-	sampled, may := 0, 0
+	worth := false
 	p.ledger.Read(func(r ledger.Reader) {
+		if r.NodesWithFreeCards(c.Count)*2 > len(nodes) {
+			return
+		}
+		step := max(len(nodes)/pruneSample, 1)
+		sampled, may := 0, 0
 		for i := 0; i < len(nodes); i += step {
 			if node := nodes[i].Node(); node != nil {
 				sampled++
@@ -103,8 +109,9 @@ func (p *Plugin) worthPruning(nodes []fwk.NodeInfo, c *gpuinfo.ContainerRequest)
 				}
 			}
 		}
+		worth = may*2 <= sampled
 	})
-	return may*2 <= sampled
+	return worth
 }
 
 // prunedByGPUShare reports whether a node's status is PreFilter's verdict

@@ -43,12 +43,13 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 		}
 		return 0, nil
 	}
-	if p.scoresFromFilter() {
-		if score, ok := p.scores.load(nodeInfo.Node().Name, s.cycle); ok {
+	rec := p.records.get(nodeInfo.Node().Name)
+	if rec != nil && p.scoresFromFilter() {
+		if score, ok := rec.loadScore(s.cycle); ok {
 			return score, nil
 		}
 	}
-	out, err := p.fit(s, nodeInfo, p.strategy(s.workload, s.reservations, nodeInfo, s.cpuMilli))
+	out, err := p.fit(s, nodeInfo, rec, p.strategy(s.workload, s.reservations, nodeInfo, s.cpuMilli))
 	if err != nil || !out.Fits {
 		return 0, nil
 	}
@@ -59,7 +60,7 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 }
 
 // scoresFromFilter reports whether Filter's placement is also Score's, so
-// that Filter keeps the score for Score (p.scores): under Binpack and Spread
+// that Filter keeps the score for Score (in the node's record): under Binpack and Spread
 // both place with the same strategy; a policy that measures fragmentation
 // scores with the learned workload, which Filter does not use.
 func (p *Plugin) scoresFromFilter() bool { return !p.usesWorkload() }

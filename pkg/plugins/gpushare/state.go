@@ -26,7 +26,11 @@ type cycleState struct {
 	// fragmentation.
 	workload *allocator.Workload
 	cpuMilli int64
-	// cycle numbers the scheduling cycle for the score memo; 0 in clones,
+	// silentBefore is the cycle's cutoff for agent heartbeats, Unix
+	// nanoseconds: an agent that last renewed its Lease before it is silent.
+	// Taken once in PreFilter rather than per node.
+	silentBefore int64
+	// cycle numbers the scheduling cycle for the score slots; 0 in clones,
 	// whose Filter runs (nominated pods added, preemption dry runs) see the
 	// nodes otherwise than Score will.
 	cycle uint64
