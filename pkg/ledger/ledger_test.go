@@ -87,7 +87,7 @@ func randomInventory(r *rand.Rand, node int) string {
 func checkAgainstReference(t *testing.T, step int, l *ledger.Ledger, inventories map[string]string, pods map[types.UID]placed) {
 	t.Helper()
 	capacity := map[string]map[string]testutil.Use{} // node -> uuid -> capacity
-	usable := map[string][]string{}                   // node -> uuids of healthy cards not in MIG mode
+	usable := map[string][]string{}                  // node -> uuids of healthy cards not in MIG mode
 	for node, raw := range inventories {
 		inv, err := gpuinfo.DecodeInventory(raw)
 		if err != nil {
