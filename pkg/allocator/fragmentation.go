@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"math"
+	"slices"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -47,8 +48,11 @@ type fragment struct {
 	total   int64            // free per mille on all cards
 	cpuFree int64
 	// model and capacity are the card kind matches and needs were computed
-	// for: whether each shape may use such a card and what it takes of it.
-	// Nodes usually have one kind of card, so they are computed once.
+	// for, with workload's shapes: whether each shape may use such a card and
+	// what it takes of it. Nodes usually have one kind of card and a fleet a
+	// few, so they are computed once per kind while the workload stays the
+	// same (a Workload is read-only, and held here it is not reused).
+	workload *Workload
 	model    string
 	capacity Usage
 	matches  [MaxShapes]bool
@@ -88,7 +92,10 @@ func (f *fragment) fits(k int, free Usage) bool {
 // cards and its free CPU.
 func (f *fragment) measure(w *Workload, cards []Card, free []Usage, cpuFree int64) {
 	f.shapes = len(w.Shapes)
-	f.total, f.cpuFree, f.model = 0, cpuFree, ""
+	f.total, f.cpuFree = 0, cpuFree
+	if f.workload != w {
+		f.workload, f.model = w, ""
+	}
 	for k := 0; k < f.shapes; k++ {
 		f.usable[k], f.unused[k] = 0, 0
 	}
@@ -234,4 +241,48 @@ func Fragmentation(w *Workload, cards []Card, used []Usage) (fragmented, free fl
 	}
 	f.measure(w, cards, freeUsage, math.MaxInt64)
 	return f.value(w), float64(f.total)
+}
+
+// WeighByScarcity returns the workload with each model-constrained shape's
+// weight multiplied by how scarce the cards it may use are — the fleet's
+// usable cards over those whose model it accepts (cardsByModel: usable cards
+// by lower-case model) — and the weights normalised again. A shape that
+// names models is, per card it can use, that much more of the demand on
+// those cards than its frequency says: counting its stranded GPU at that
+// weight keeps the other requests off a scarce model while requests that can
+// only run there are expected. A workload without constrained shapes, or a
+// fleet without cards, is returned as it is.
+func (w *Workload) WeighByScarcity(cardsByModel map[string]int) *Workload {
+	total := 0
+	for _, n := range cardsByModel {
+		total += n
+	}
+	constrained := false
+	for i := range w.Shapes {
+		constrained = constrained || w.Shapes[i].Selector.ConstrainsModel()
+	}
+	if !constrained || total == 0 {
+		return w
+	}
+	out := &Workload{Shapes: slices.Clone(w.Shapes)}
+	var sum float64
+	for i := range out.Shapes {
+		s := &out.Shapes[i]
+		if s.Selector.ConstrainsModel() {
+			matching := 0
+			for model, n := range cardsByModel {
+				if s.Selector.Matches(model, "") {
+					matching += n
+				}
+			}
+			if matching > 0 {
+				s.Weight *= float64(total) / float64(matching)
+			}
+		}
+		sum += s.Weight
+	}
+	for i := range out.Shapes {
+		out.Shapes[i].Weight /= sum
+	}
+	return out
 }

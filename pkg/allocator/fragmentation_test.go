@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -152,5 +153,41 @@ func TestFragmentation(t *testing.T) {
 	}
 	if fragmented, free := allocator.Fragmentation(nil, cards, used); fragmented != 0 || free != 2100 {
 		t.Errorf("Fragmentation without a workload = %v of %v, want 0 of 2100", fragmented, free)
+	}
+}
+
+func TestWeighByScarcity(t *testing.T) {
+	anywhere := allocator.Shape{Weight: 0.5, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 100}}
+	onlyT4 := allocator.Shape{Weight: 0.25, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 100}, Selector: gpuinfo.Selector{Models: []string{"t4"}}}
+	notT4 := allocator.Shape{Weight: 0.25, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 100}, Selector: gpuinfo.Selector{ExcludeModels: []string{"t4"}}}
+	fleet := map[string]int{"tesla t4": 2, "a100": 6}
+	// T4 cards are 2 of 8: the T4-only shape weighs 4×; cards other than
+	// T4 are 6 of 8: the other constrained shape weighs 4/3×; then the
+	// weights sum to 1 again (0.5 + 1 + 1/3).
+	sum := 0.5 + 0.25*4 + 0.25*4.0/3
+	for _, tc := range []struct {
+		name  string
+		in    *allocator.Workload
+		fleet map[string]int
+		want  []float64
+	}{
+		{"constrained shapes weighed", &allocator.Workload{Shapes: []allocator.Shape{anywhere, onlyT4, notT4}}, fleet, []float64{0.5 / sum, 1 / sum, 0.25 * 4 / 3 / sum}},
+		{"no constrained shape", &allocator.Workload{Shapes: []allocator.Shape{anywhere, anywhere}}, fleet, []float64{0.5, 0.5}},
+		{"no cards", &allocator.Workload{Shapes: []allocator.Shape{anywhere, onlyT4}}, nil, []float64{0.5, 0.25}},
+		{"no matching card", &allocator.Workload{Shapes: []allocator.Shape{anywhere, onlyT4}}, map[string]int{"a100": 4}, []float64{0.5 / 0.75, 0.25 / 0.75}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.in.WeighByScarcity(tc.fleet)
+			var weights []float64
+			for _, s := range got.Shapes {
+				weights = append(weights, s.Weight)
+			}
+			if diff := cmp.Diff(tc.want, weights, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
+				t.Errorf("weights (-want,+got):\n%s", diff)
+			}
+			if tc.in.Shapes[0].Weight != anywhere.Weight {
+				t.Error("the learned workload was changed")
+			}
+		})
 	}
 }

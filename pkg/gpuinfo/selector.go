@@ -31,6 +31,11 @@ func (s *Selector) Matches(modelLower, uuidLower string) bool {
 	return !equalsAny(uuidLower, s.ExcludeUUIDs)
 }
 
+// ConstrainsModel reports whether the selector names models to use or avoid.
+func (s *Selector) ConstrainsModel() bool {
+	return len(s.Models) > 0 || len(s.ExcludeModels) > 0
+}
+
 // String describes the selector for messages, e.g. "model A100".
 func (s *Selector) String() string {
 	var parts []string

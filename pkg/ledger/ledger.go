@@ -27,6 +27,9 @@ type Ledger struct {
 	// byFreeCards counts the nodes with a valid inventory by how many of
 	// their usable cards are entirely free (NodesWithFreeCards).
 	byFreeCards [gpuinfo.MaxCardsPerNode + 1]int
+	// inventories counts changes to the recorded inventories
+	// (UsableCardsByModel).
+	inventories uint64
 }
 
 type node struct {
@@ -94,6 +97,7 @@ func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (
 	}
 	n.raw, n.hasReport, n.version = raw, present, max(version, n.version)
 	n.cards, n.err = nil, ErrNoInventory
+	l.inventories++
 	if present {
 		inv, derr := gpuinfo.DecodeInventory(raw)
 		if derr != nil {
@@ -122,6 +126,7 @@ func (l *Ledger) DeleteNode(name string) {
 	if n == nil {
 		return
 	}
+	l.inventories++
 	if len(n.pods) == 0 {
 		l.uncount(n)
 		delete(l.nodes, name)

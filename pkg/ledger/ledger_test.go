@@ -406,3 +406,36 @@ func TestFitCurrentKnowsStaleInventory(t *testing.T) {
 		})
 	}
 }
+
+func TestUsableCardsByModel(t *testing.T) {
+	l := ledger.New()
+	before := l.InventoryGeneration()
+	inv := testutil.Inventory("a", "Tesla T4", 15360, 3)
+	inv.Cards[1].Healthy = false
+	inv.Cards[2].MIGEnabled = true
+	if _, err := l.SetInventory("a", "", testutil.MustEncode(inv), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SetInventory("b", "", testutil.MustEncode(testutil.Inventory("b", "A100", 81920, 2)), true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.SetInventory("c", "", "{", true); err == nil {
+		t.Fatal("an invalid inventory was accepted")
+	}
+	want := map[string]int{"tesla t4": 1, "a100": 2}
+	if diff := gocmp.Diff(want, l.UsableCardsByModel()); diff != "" {
+		t.Errorf("usable cards by model (-want,+got):\n%s", diff)
+	}
+	after := l.InventoryGeneration()
+	if after == before {
+		t.Error("the inventory generation did not change with the inventories")
+	}
+	l.SetInventory("b", "", testutil.MustEncode(testutil.Inventory("b", "A100", 81920, 2)), true)
+	if l.InventoryGeneration() != after {
+		t.Error("the same inventory again changed the generation")
+	}
+	l.DeleteNode("b")
+	if l.InventoryGeneration() == after {
+		t.Error("deleting a node did not change the generation")
+	}
+}

@@ -57,3 +57,31 @@ func (l *Ledger) Fragmentation(w *allocator.Workload) (fragmented, free float64)
 	}
 	return fragmented, free
 }
+
+// InventoryGeneration is a number that changes whenever an inventory does,
+// so that what a caller derives from UsableCardsByModel can be kept until
+// then.
+func (l *Ledger) InventoryGeneration() uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.inventories
+}
+
+// UsableCardsByModel counts the fleet's usable cards (healthy, not in MIG
+// mode, on nodes with a valid inventory) by lower-case model.
+func (l *Ledger) UsableCardsByModel() map[string]int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	counts := map[string]int{}
+	for _, n := range l.nodes {
+		if n.err != nil {
+			continue
+		}
+		for i := range n.cards {
+			if n.cards[i].Healthy {
+				counts[n.cards[i].ModelLower]++
+			}
+		}
+	}
+	return counts
+}

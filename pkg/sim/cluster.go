@@ -45,14 +45,22 @@ func node(n trace.Node) (*v1.Node, error) {
 	}
 	return &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:        n.Name,
-			UID:         types.UID("node-" + n.Name),
-			Labels:      map[string]string{v1.LabelHostname: n.Name},
-			Annotations: map[string]string{gpuinfo.InventoryAnnotation: raw},
+			Name: n.Name,
+			UID:  types.UID("node-" + n.Name),
+			// The fake clientset keeps what it is given, and a replay never
+			// changes a node: one version, as an API server would give it,
+			// lets the ledger know the inventory by it instead of comparing
+			// the annotation on every node for every pod.
+			ResourceVersion: nodeResourceVersion,
+			Labels:          map[string]string{v1.LabelHostname: n.Name},
+			Annotations:     map[string]string{gpuinfo.InventoryAnnotation: raw},
 		},
 		Status: v1.NodeStatus{Capacity: alloc, Allocatable: alloc},
 	}, nil
 }
+
+// nodeResourceVersion is every replayed node's resourceVersion.
+const nodeResourceVersion = "1"
 
 // pod builds the pod of a trace task for a scheduler profile. It requests CPU
 // and the task's GPU share but not host memory: the artifact's simulator fits

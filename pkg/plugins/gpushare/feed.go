@@ -51,6 +51,8 @@ type feed struct {
 	synced   atomic.Bool
 	// learner learns the workload from the requests of the pods scheduled.
 	learner *workload.Learner
+	// weighed is the learned workload weighed by the fleet's card models.
+	weighed weighedWorkload
 	// names are the resource names of the first profile (metrics use them
 	// to recognise GPU pods).
 	names gpuinfo.ResourceNames

@@ -2,6 +2,7 @@ package gpushare
 
 import (
 	"slices"
+	"sync"
 
 	v1 "k8s.io/api/core/v1"
 	resourcehelper "k8s.io/component-helpers/resource"
@@ -90,4 +91,29 @@ func rankScores(scores fwk.NodeScoreList) {
 		rank, _ := slices.BinarySearch(distinct, scores[i].Score)
 		scores[i].Score = max(fwk.MaxNodeScore-int64(len(distinct)-1-rank), fwk.MinNodeScore)
 	}
+}
+
+// weighedWorkload keeps the learned workload weighed by the scarcity of the
+// fleet's card models (allocator.Workload.WeighByScarcity) until either
+// changes.
+type weighedWorkload struct {
+	mu         sync.Mutex
+	learned    *allocator.Workload
+	generation uint64
+	weighed    *allocator.Workload
+}
+
+// workload is the mix the fragmentation-aware policies measure nodes
+// against: the learned workload, its model-constrained shapes weighed by
+// how scarce their cards are in the fleet.
+func (f *feed) workload() *allocator.Workload {
+	learned := f.learner.Workload()
+	generation := f.ledger.InventoryGeneration()
+	f.weighed.mu.Lock()
+	defer f.weighed.mu.Unlock()
+	if f.weighed.learned != learned || f.weighed.generation != generation || f.weighed.weighed == nil {
+		f.weighed.learned, f.weighed.generation = learned, generation
+		f.weighed.weighed = learned.WeighByScarcity(f.ledger.UsableCardsByModel())
+	}
+	return f.weighed.weighed
 }

@@ -142,3 +142,30 @@ func TestRankScores(t *testing.T) {
 		t.Errorf("ranked scores (-want,+got):\n%s", diff)
 	}
 }
+
+func TestFragmentationAwareKeepsScarceModels(t *testing.T) {
+	// One node of two T4 cards, two of eight G2 cards. The cluster has seen
+	// 20 eight-card jobs and 100 one-card jobs that run only on T4 cards.
+	// A one-card job that runs anywhere: on the T4 node it strands nothing
+	// the eight-card jobs could use (they never fit there), on a G2 node it
+	// breaks eight free cards. Counted by frequency and size alone the T4
+	// node is the better place, and the T4 jobs lose their cards; counted
+	// with the T4 jobs weighed by how scarce T4 cards are (2 of 18), a G2
+	// node is.
+	t4 := testutil.GPUNode("t4", testutil.Inventory("t", "Tesla T4", 15360, 2))
+	g2a := testutil.GPUNode("g2-a", testutil.Inventory("a", "G2", 15360, 8))
+	g2b := testutil.GPUNode("g2-b", testutil.Inventory("b", "G2", 15360, 8))
+	h := newHarness(t, args(config.PolicyFragmentationAware, config.PolicyFragmentationAware), t4, g2a, g2b)
+	for i := 0; i < 120; i++ {
+		pod := gpuPod(fmt.Sprint("earlier-", i), map[v1.ResourceName]string{"tessera.io/gpu": "8"})
+		if i >= 20 {
+			pod = gpuPod(fmt.Sprint("earlier-", i), map[v1.ResourceName]string{"tessera.io/gpu": "1"}).Annotation(gpuinfo.ModelAnnotation, "t4")
+		}
+		h.plugin.PreFilter(h.ctx, framework.NewCycleState(), pod.Obj(), nil)
+	}
+	pod := gpuPod("p", map[v1.ResourceName]string{"tessera.io/gpu": "1"}).Obj()
+	scores := scoreNodes(t, h, pod, nodeInfo(t4), nodeInfo(g2a), nodeInfo(g2b))
+	if scores[0].Score >= scores[1].Score || scores[1].Score != scores[2].Score {
+		t.Errorf("scores %v: want both G2 nodes alike and above the T4 node", scores)
+	}
+}

@@ -123,7 +123,7 @@ func (c *collector) CollectWithStability(ch chan<- metrics.Metric) {
 	for state, n := range states {
 		ch <- metrics.NewLazyConstMetric(fleetCards, metrics.GaugeValue, n, state)
 	}
-	fragmented, free := f.ledger.Fragmentation(f.learner.Workload())
+	fragmented, free := f.ledger.Fragmentation(f.workload())
 	ratio := 0.0
 	if free > 0 {
 		ratio = fragmented / free

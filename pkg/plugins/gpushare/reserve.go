@@ -23,7 +23,7 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 		if nodeInfo, err := lister.NodeInfos().Get(nodeName); err == nil {
 			var w *allocator.Workload
 			if p.gpuPolicy == allocator.FragmentationAware {
-				w = p.learner.Workload()
+				w = p.workload()
 			}
 			st = p.strategy(w, s.reservations, nodeInfo, podCPUMilli(pod))
 		}

@@ -18,11 +18,11 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, 
 	s := getState(state)
 	switch {
 	case s != nil && p.usesWorkload():
-		s.workload, s.cpuMilli = p.learner.Workload(), podCPUMilli(pod)
+		s.workload, s.cpuMilli = p.workload(), podCPUMilli(pod)
 	case s == nil:
 		c := &cpuOnlyState{cpuMilli: podCPUMilli(pod)}
 		if p.nodePolicy == allocator.FragmentationAware {
-			c.workload = p.learner.Workload()
+			c.workload = p.workload()
 		}
 		state.Write(cpuOnlyStateKey, c)
 	}
