@@ -19,6 +19,10 @@ import (
 // LoadProfile decodes the shipped scheduler configuration, defaulted and
 // validated as kube-scheduler does, and keeps the named profile only. The
 // agent heartbeat check is turned off: simulated nodes have no agents.
+// GPUShare's Filter runs first, so that a node whose cards cannot hold the
+// pod is rejected before kube-scheduler's own filters run on it: what the
+// plugin's PreFilter pruning does in a cluster, which a replay does without
+// (orderedGPUShare). The nodes a pod passes are the same in any order.
 func LoadProfile(name string) (*schedconfig.KubeSchedulerConfiguration, error) {
 	cfg, err := shippedConfig()
 	if err != nil {
@@ -34,6 +38,7 @@ func LoadProfile(name string) (*schedconfig.KubeSchedulerConfiguration, error) {
 				args.AgentHeartbeatTimeout = metav1.Duration{}
 			}
 		}
+		p.Plugins.Filter.Enabled = append([]schedconfig.Plugin{{Name: gpushare.Name}}, p.Plugins.Filter.Enabled...)
 		cfg.Profiles = []schedconfig.KubeSchedulerProfile{p}
 		return cfg, nil
 	}

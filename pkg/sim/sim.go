@@ -103,7 +103,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		scheduler.WithProfiles(schedCfg.Profiles...),
 		scheduler.WithPercentageOfNodesToScore(ptr.To[int32](100)),
 		scheduler.WithParallelism(1),
-		scheduler.WithFrameworkOutOfTreeRegistry(frameworkruntime.Registry{gpushare.Name: gpushare.New}),
+		scheduler.WithFrameworkOutOfTreeRegistry(frameworkruntime.Registry{gpushare.Name: newOrderedGPUShare}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("building the scheduler: %w", err)

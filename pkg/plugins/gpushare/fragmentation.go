@@ -95,11 +95,12 @@ func rankScores(scores fwk.NodeScoreList) {
 
 // weighedWorkload keeps the learned workload weighed by the scarcity of the
 // fleet's card models (allocator.Workload.WeighByScarcity) until either
-// changes.
+// changes, and the fleet's usable cards by model until an inventory does.
 type weighedWorkload struct {
 	mu         sync.Mutex
-	learned    *allocator.Workload
 	generation uint64
+	cards      map[string]int
+	learned    *allocator.Workload
 	weighed    *allocator.Workload
 }
 
@@ -111,9 +112,11 @@ func (f *feed) workload() *allocator.Workload {
 	generation := f.ledger.InventoryGeneration()
 	f.weighed.mu.Lock()
 	defer f.weighed.mu.Unlock()
-	if f.weighed.learned != learned || f.weighed.generation != generation || f.weighed.weighed == nil {
-		f.weighed.learned, f.weighed.generation = learned, generation
-		f.weighed.weighed = learned.WeighByScarcity(f.ledger.UsableCardsByModel())
+	if f.weighed.cards == nil || f.weighed.generation != generation {
+		f.weighed.cards, f.weighed.generation, f.weighed.learned = f.ledger.UsableCardsByModel(), generation, nil
+	}
+	if f.weighed.learned != learned {
+		f.weighed.learned, f.weighed.weighed = learned, learned.WeighByScarcity(f.weighed.cards)
 	}
 	return f.weighed.weighed
 }
