@@ -9,8 +9,9 @@
 // seconds rather than an apiserver's write latency per pod. Replays are
 // deterministic for a seed: nodes are added in trace order, Filter runs on
 // one goroutine (kube-scheduler breaks score ties by the order it found
-// feasible nodes in, which parallel Filter makes racy) and every node is
-// scored, as in the artifact.
+// feasible nodes in, which parallel Filter makes racy), GPUShare's PreFilter
+// returns no node set (kube-scheduler would iterate it in map order;
+// orderedGPUShare) and every node is scored, as in the artifact.
 package sim
 
 import (
