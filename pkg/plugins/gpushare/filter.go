@@ -40,14 +40,15 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 	if s == nil {
 		return fwk.NewStatus(fwk.Error, reasonNoState)
 	}
-	rec := p.records.get(nodeInfo.Node().Name)
+	node := nodeInfo.Node().Name
+	rec := p.records.get(node)
 	if rec != nil {
 		if rec.silentSince(s.silentBefore) {
-			p.wait(nodeInfo.Node().Name, pod)
+			p.wait(node, pod)
 			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentSilent)
 		}
 		if rec.notReady.Load() != nil {
-			p.wait(nodeInfo.Node().Name, pod)
+			p.wait(node, pod)
 			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentUnready)
 		}
 	}

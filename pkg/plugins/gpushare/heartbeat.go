@@ -36,10 +36,14 @@ type heartbeats struct {
 // that is longer than timeout.
 func (hb *heartbeats) silence(node string, timeout time.Duration) (time.Duration, bool) {
 	rec := hb.records.get(node)
-	if rec == nil || rec.renewed.Load() == 0 {
+	if rec == nil {
 		return 0, false
 	}
-	age := time.Since(time.Unix(0, rec.renewed.Load()))
+	renewed := rec.renewed.Load()
+	if renewed == 0 {
+		return 0, false
+	}
+	age := time.Since(time.Unix(0, renewed))
 	return age, age > timeout
 }
 
