@@ -69,6 +69,8 @@ func TestBaseRenders(t *testing.T) {
 		"PodDisruptionBudget tessera-system/tessera-scheduler",
 		"PriorityClass /tessera-batch",
 		"PriorityClass /tessera-critical",
+		"DeviceClass /gpu-share.tessera.io",
+		"DeviceClass /gpu.tessera.io",
 	}
 	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
@@ -283,6 +285,37 @@ func TestGangOverlayAddsTheGate(t *testing.T) {
 		t.Errorf("scheduler args (-want,+got):\n%s", diff)
 	}
 	if base, overlay := len(render(t, Base)), len(render(t, "overlays/gang-scheduling")); base != overlay {
+		t.Errorf("the overlay renders %d objects, the base %d", overlay, base)
+	}
+}
+
+// TestDRAOverlay: the dra overlay is the base with the node agent started
+// with --dra and given kubelet's plugin directories and the runtime's CDI
+// directory, at the paths of the agent's flag defaults.
+func TestDRAOverlay(t *testing.T) {
+	ds := find(t, render(t, "overlays/dra"), "DaemonSet", "tessera-node-agent")
+	containers, _, err := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	if err != nil || len(containers) == 0 {
+		t.Fatalf("agent containers: %v", err)
+	}
+	agent := containers[0].(map[string]any)
+	args, _, _ := unstructured.NestedStringSlice(agent, "args")
+	if !slices.Contains(args, "--dra") {
+		t.Errorf("agent args %v lack --dra", args)
+	}
+	mounts, _, _ := unstructured.NestedSlice(agent, "volumeMounts")
+	var paths []string
+	for _, m := range mounts {
+		paths = append(paths, m.(map[string]any)["mountPath"].(string))
+	}
+	// The defaults of --dra-plugin-dir (under the first), --dra-registrar-dir
+	// and --cdi-dir.
+	for _, want := range []string{"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} {
+		if !slices.Contains(paths, want) {
+			t.Errorf("agent mounts %v lack %s", paths, want)
+		}
+	}
+	if base, overlay := len(render(t, Base)), len(render(t, "overlays/dra")); base != overlay {
 		t.Errorf("the overlay renders %d objects, the base %d", overlay, base)
 	}
 }

@@ -24,7 +24,8 @@ type Agent struct {
 	// have been quiet for its period.
 	Health *health.Tracker
 	// Devices, when set, is told the cards after every scan (the device
-	// plugin advertising them to kubelet).
+	// plugin advertising them to kubelet, or the DRA driver publishing
+	// them as ResourceSlice devices).
 	Devices interface{ Update([]discovery.Card) }
 	// Metrics, when set, is told the cards after every scan, with the health
 	// published, and every XID error seen, critical or not.
@@ -185,7 +186,9 @@ func (a *Agent) scan(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(scanErr, err)
 	}
-	if changed {
+	if changed && a.Publisher.WithoutInventory {
+		logger.Info("Removed the GPU inventory annotation: the cards are served as DRA devices")
+	} else if changed {
 		logger.Info("Published GPU inventory", "cards", len(cards))
 	}
 	if scanErr == nil {

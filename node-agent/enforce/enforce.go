@@ -177,7 +177,8 @@ func NoGPU() *Adjustment {
 }
 
 // For returns the adjustment for container of pod, as created on node by a
-// sandbox of uid. A container that asks for no GPUs gets NoGPU. It returns an
+// sandbox of uid. A container that asks for no GPUs gets NoGPU, unless it
+// uses resource claims (DRA): it is left as its claims' CDI devices make it. It returns an
 // error — the container must not start — when the pod is not bound to this
 // node under that UID, or when the container asks for GPUs and the pod has
 // no valid assignment for it, or an invalid annotation.
@@ -195,6 +196,11 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjust
 		}
 	}
 	if cr == nil {
+		if usesClaims(pod, container) {
+			// Its claims' CDI devices, from the DRA driver, decide which
+			// cards it sees and with what limits.
+			return &Adjustment{}, nil
+		}
 		return NoGPU(), nil
 	}
 	switch {
@@ -215,6 +221,18 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjust
 	if len(cards) != cr.Count {
 		return nil, fmt.Errorf("pod %s/%s: container %q asks for %d GPUs but its assignment lists %d", pod.Namespace, pod.Name, container, cr.Count, len(cards))
 	}
+	whole := cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0
+	cacheFile := string(pod.UID) + "_" + container + ".cache"
+	return c.Cards(cards, whole, cacheFile, c.taskPriority(pod, req.TaskPriority)), nil
+}
+
+// Cards is the adjustment that gives a container cards: visible by UUID (and
+// as CDI devices when CDIKind is set) and, unless whole, limited to each
+// card's share by the interception library, whose shared-cache file in the
+// cache directory is cacheFile. taskPriority is the library's
+// CUDA_TASK_PRIORITY, "0" (high) or "1" (low). Whole cards get no
+// interception, so no overhead.
+func (c Config) Cards(cards []gpuinfo.CardAssignment, whole bool, cacheFile, taskPriority string) *Adjustment {
 	uuids := make([]string, len(cards))
 	adj := &Adjustment{}
 	for i, card := range cards {
@@ -224,26 +242,39 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjust
 		}
 	}
 	adj.Env = []EnvVar{{"NVIDIA_VISIBLE_DEVICES", strings.Join(uuids, ",")}}
-	if cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0 {
-		return adj, nil // whole cards: no interception, no overhead
+	if whole {
+		return adj
 	}
+	belowFull := false
 	for i, card := range cards {
 		n := strconv.Itoa(i)
 		adj.Env = append(adj.Env,
 			EnvVar{"CUDA_DEVICE_MEMORY_LIMIT_" + n, strconv.FormatInt(card.MemoryMiB, 10) + "m"},
 			EnvVar{"CUDA_DEVICE_SM_LIMIT_" + n, strconv.FormatInt(card.Cores, 10)})
+		belowFull = belowFull || card.Cores < gpuinfo.FullCores
 	}
-	cacheFile := string(pod.UID) + "_" + container + ".cache"
 	adj.Env = append(adj.Env, EnvVar{"CUDA_DEVICE_MEMORY_SHARED_CACHE", filepath.Join(containerCacheDir, cacheFile)})
-	if cr.Cores < gpuinfo.FullCores {
+	if belowFull {
 		adj.Env = append(adj.Env, EnvVar{"GPU_CORE_UTILIZATION_POLICY", "force"})
 	}
-	adj.Env = append(adj.Env, EnvVar{taskPriorityEnv, c.taskPriority(pod, req.TaskPriority)})
+	adj.Env = append(adj.Env, EnvVar{taskPriorityEnv, taskPriority})
 	adj.Mounts = []Mount{
 		{Source: c.Paths.HostLibrary, Destination: containerLibrary, ReadOnly: true},
 		{Source: c.Paths.HostPreload, Destination: containerPreload, ReadOnly: true},
 		{Source: c.Paths.HostCacheDir, Destination: containerCacheDir},
 		{Source: c.Paths.HostLockDir, Destination: containerLockDir},
 	}
-	return adj, nil
+	return adj
+}
+
+// usesClaims reports whether the named container of pod uses resource claims.
+func usesClaims(pod *v1.Pod, container string) bool {
+	for _, list := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			if list[i].Name == container {
+				return len(list[i].Resources.Claims) > 0
+			}
+		}
+	}
+	return false
 }

@@ -32,10 +32,16 @@ type Publisher struct {
 	// NotReady, when set, says why the agent cannot enforce assignments now
 	// ("" when it can); each heartbeat writes it on the Lease.
 	NotReady func() string
+	// WithoutInventory is set when the node's cards are served as DRA
+	// devices: PublishInventory then removes the inventory annotation (an
+	// earlier run may have written it) instead of writing it, so that the
+	// scheduler places no extended-resource pod on cards claims hold.
+	WithoutInventory bool
 }
 
 // PublishInventory sets the node's inventory annotation to inv unless the
-// node already carries exactly that value. It reports whether it wrote.
+// node already carries exactly that value (or, WithoutInventory, removes
+// it). It reports whether it wrote.
 func (p *Publisher) PublishInventory(ctx context.Context, inv *gpuinfo.Inventory) (bool, error) {
 	raw, err := inv.Encode()
 	if err != nil {
@@ -45,10 +51,15 @@ func (p *Publisher) PublishInventory(ctx context.Context, inv *gpuinfo.Inventory
 	if err != nil {
 		return false, fmt.Errorf("reading node %s: %w", p.NodeName, err)
 	}
-	if current, ok := node.Annotations[gpuinfo.InventoryAnnotation]; ok && current == raw {
+	current, ok := node.Annotations[gpuinfo.InventoryAnnotation]
+	value := &raw
+	switch {
+	case p.WithoutInventory && !ok, !p.WithoutInventory && ok && current == raw:
 		return false, nil
+	case p.WithoutInventory:
+		value = nil // a merge patch's null removes the annotation
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{gpuinfo.InventoryAnnotation: raw}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]*string{gpuinfo.InventoryAnnotation: value}}})
 	if err != nil {
 		return false, err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/discovery/nvidia"
+	"github.com/tessera-gpu/tessera/node-agent/dra"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/metrics"
@@ -61,6 +62,10 @@ func main() {
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
 	metricsAddress := flag.String("metrics-address", ":9402", "address of the Prometheus /metrics endpoint (the cards' and the containers' GPU metrics, docs/node-agent.md); empty disables it")
 	unrestricted := flag.String("unrestricted-namespaces", "gpu-operator", "comma-separated namespaces whose containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter); every other container without an assignment sees no card")
+	claims := flag.Bool("dra", false, "serve the cards as DRA devices (driver tessera.io, resource.k8s.io/v1 ResourceSlices that many claims share) instead of the extended resources: no device plugin, and the node's inventory annotation is removed, so no card is counted twice")
+	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
+	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
+	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -83,6 +88,12 @@ func main() {
 	if *resourceName == "" {
 		*resourceName = string(names.GPU)
 	}
+	var driver *dra.Driver
+	if *claims {
+		*pluginDir = ""
+		enforcement.Names, enforcement.HighTaskPriority = names, int32(*highTaskPriority)
+		driver = &dra.Driver{Node: *nodeName, Enforce: enforcement, CDIDir: *cdiDir}
+	}
 	var plugin *deviceplugin.Plugin
 	if *pluginDir != "" {
 		plugin = &deviceplugin.Plugin{Dir: *pluginDir, ResourceName: *resourceName, Split: *split, CheckInterval: time.Second}
@@ -92,14 +103,26 @@ func main() {
 		enforcement.Names, enforcement.HighTaskPriority = names, int32(*highTaskPriority)
 		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second, Unrestricted: unrestrictedNamespaces(*namespace, *unrestricted)}
 	}
-	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, plugin, enforcer, *nriSocket, *metricsAddress); err != nil {
+	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir}}
+	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, *metricsAddress); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.Flush()
 }
 
-func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, plugin *deviceplugin.Plugin, enforcer *nri.Plugin, nriSocket, metricsAddress string) error {
+// services are what the agent serves on the node besides publishing: each
+// nil when disabled.
+type services struct {
+	plugin     *deviceplugin.Plugin
+	enforcer   *nri.Plugin
+	nriSocket  string
+	driver     *dra.Driver
+	draOptions dra.Options
+}
+
+func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, svc services, metricsAddress string) error {
+	plugin, enforcer, nriSocket := svc.plugin, svc.enforcer, svc.nriSocket
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
 	}
@@ -134,6 +157,13 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		Publisher:         &publish.Publisher{Client: client, NodeName: nodeName, Namespace: namespace, LeaseDuration: leaseDuration},
 		RescanInterval:    rescan,
 		HeartbeatInterval: heartbeat,
+	}
+	if svc.driver != nil {
+		a.Devices = svc.driver
+		a.Publisher.WithoutInventory = true
+		if err := svc.driver.Start(ctx, client, svc.draOptions); err != nil {
+			return err
+		}
 	}
 	if plugin != nil {
 		a.Devices = plugin

@@ -11,15 +11,18 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 )
 
-// PreScore prepares the scoring of a pod without GPUs too (cpuOnlyScore).
+// PreScore prepares the scoring of a pod with Tessera claims (claimScore) and
+// of a pod without GPUs (cpuOnlyScore).
 // When a policy measures fragmentation it takes the learned workload once
 // for the cycle.
-func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodes []fwk.NodeInfo) *fwk.Status {
 	s := getState(state)
 	switch {
 	case s != nil && p.usesWorkload():
 		s.workload, s.cpuMilli = p.workload(), podCPUMilli(pod)
-	case s == nil:
+	case s != nil:
+	case p.preScoreClaims(state, pod, nodes):
+	default:
 		c := &cpuOnlyState{cpuMilli: podCPUMilli(pod)}
 		if p.nodePolicy == allocator.FragmentationAware {
 			c.workload = p.workload()
@@ -38,6 +41,9 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, 
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s := getState(state)
 	if s == nil {
+		if c := getClaimState(state); c != nil {
+			return p.claimScore(c, nodeInfo), nil
+		}
 		if c := getCPUOnlyState(state); c != nil {
 			return p.cpuOnlyScore(c, nodeInfo), nil
 		}

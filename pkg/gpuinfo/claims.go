@@ -1,0 +1,96 @@
+package gpuinfo
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// GPU shares as DRA claims: the names the node agent's DRA driver publishes
+// and the scheduler reads.
+const (
+	// DRADriver is the DRA driver name of Tessera's cards; it is also the
+	// domain of their attributes and capacities.
+	DRADriver = Domain
+	// DRAMemory is a card's memory capacity (a quantity of bytes, whole MiB).
+	DRAMemory = "memory"
+	// DRACores is a card's compute capacity, in percent: 100 a card.
+	DRACores = "cores"
+	// DRAUnhealthyTaint is the key of the NoSchedule taint on a card out of
+	// service.
+	DRAUnhealthyTaint = Domain + "/unhealthy"
+	// draDevicePrefix starts the device name of card i: "gpu-i".
+	draDevicePrefix = "gpu-"
+)
+
+// DRADeviceName is the ResourceSlice device name of the card with index i.
+func DRADeviceName(i int) string { return draDevicePrefix + strconv.Itoa(i) }
+
+// DRACardIndex is the card index a device name names, and whether it names
+// one.
+func DRACardIndex(device string) (int, bool) {
+	rest, ok := strings.CutPrefix(device, draDevicePrefix)
+	if !ok {
+		return 0, false
+	}
+	i, err := strconv.Atoi(rest)
+	return i, err == nil && i >= 0 && i < MaxCardsPerNode && DRADeviceName(i) == device
+}
+
+// MiB is the number of MiB in q bytes, rounded up.
+func MiB(q resource.Quantity) int64 {
+	const mib = 1 << 20
+	return (q.Value() + mib - 1) / mib
+}
+
+// Sharing says how a claim's cards are handed over.
+type Sharing string
+
+const (
+	// SharingLimited cards are limited to the claim's share of memory and
+	// compute by the interception library.
+	SharingLimited Sharing = "Limited"
+	// SharingWhole cards are the claim's alone: the allocation must consume
+	// all of each card, and no interception is loaded.
+	SharingWhole Sharing = "Whole"
+)
+
+// DRAParameters are the opaque parameters a DeviceClass or a claim gives
+// Tessera's driver (DeviceConfiguration.Opaque with driver DRADriver).
+type DRAParameters struct {
+	// APIVersion is DRAParametersAPIVersion.
+	APIVersion string `json:"apiVersion"`
+	// Kind is DRAParametersKind.
+	Kind string `json:"kind"`
+	// Sharing is SharingLimited when empty.
+	Sharing Sharing `json:"sharing,omitempty"`
+	// TaskPriority is the claim's containers' task priority on a shared
+	// card; TaskPriorityLow when empty.
+	TaskPriority TaskPriority `json:"taskPriority,omitempty"`
+}
+
+// The type of DRAParameters.
+const (
+	DRAParametersAPIVersion = Domain + "/v1alpha1"
+	DRAParametersKind       = "GPUConfig"
+)
+
+// DecodeDRAParameters parses and validates opaque driver parameters.
+func DecodeDRAParameters(raw []byte) (*DRAParameters, error) {
+	var p DRAParameters
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, fmt.Errorf("parameters of driver %s: %w", DRADriver, err)
+	}
+	switch {
+	case p.APIVersion != DRAParametersAPIVersion || p.Kind != DRAParametersKind:
+		return nil, fmt.Errorf("parameters of driver %s: apiVersion and kind must be %s and %s, got %q and %q", DRADriver, DRAParametersAPIVersion, DRAParametersKind, p.APIVersion, p.Kind)
+	case p.Sharing != "" && p.Sharing != SharingLimited && p.Sharing != SharingWhole:
+		return nil, fmt.Errorf("parameters of driver %s: sharing must be %s or %s, got %q", DRADriver, SharingLimited, SharingWhole, p.Sharing)
+	case p.TaskPriority != "" && p.TaskPriority != TaskPriorityHigh && p.TaskPriority != TaskPriorityLow:
+		return nil, fmt.Errorf("parameters of driver %s: taskPriority must be %s or %s, got %q", DRADriver, TaskPriorityHigh, TaskPriorityLow, p.TaskPriority)
+	}
+	return &p, nil
+}
