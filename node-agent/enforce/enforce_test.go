@@ -119,6 +119,15 @@ func TestFor(t *testing.T) {
 			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "void"}}},
 		},
 		{
+			name: "a container with DRA claims is left to their CDI devices",
+			pod: func() *v1.Pod {
+				p := pod(nil, "")
+				p.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+				return p
+			}(),
+			want: &Adjustment{},
+		},
+		{
 			name:      "another container of a GPU pod sees none",
 			pod:       pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
 			container: "sidecar",

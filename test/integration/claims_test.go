@@ -51,6 +51,13 @@ func (e *env) draNode(suffix string) *claimNode {
 	if err != nil {
 		e.tCtx.Fatal(err)
 	}
+	// As if the node had been served through the extended resources
+	// before: the agent with --dra removes the inventory.
+	raw, err := discovery.Inventory(cards).Encode()
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	e.publishInventory(name, raw)
 	dir := e.tCtx.TempDir()
 	// kubelet's registration directory, which kubelet makes.
 	if err := os.Mkdir(filepath.Join(dir, "registry"), 0o750); err != nil {
@@ -173,7 +180,10 @@ func TestClaims(t *testing.T) {
 	e.claimPod("overflow", "tessera-binpack", "overflow")
 	e.shareClaim("too-big", 30, 10)
 	e.claimPod("too-big", "tessera-binpack", "too-big")
-	for _, name := range []string{"overflow", "too-big"} {
+	for name, why := range map[string]string{
+		"overflow": "the most free on any of the 4 Tessera cards: 1530 MiB, 10 % of compute",
+		"too-big":  "too-big/gpu asks 1 card(s) with 30720 MiB and 10 % of compute each, more memory than any Tessera card has (the largest: 23034 MiB)",
+	} {
 		e.waitFor(30*time.Second, name+" to be found unschedulable", func() (bool, error) {
 			pod, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, name, metav1.GetOptions{})
 			if err != nil || pod.Spec.NodeName != "" {
@@ -181,8 +191,8 @@ func TestClaims(t *testing.T) {
 			}
 			for _, c := range pod.Status.Conditions {
 				if c.Type == v1.PodScheduled && c.Reason == v1.PodReasonUnschedulable {
-					if !strings.Contains(c.Message, "cannot allocate all claims") {
-						return false, fmt.Errorf("pod %s's condition does not say the claims cannot be allocated: %q", name, c.Message)
+					if !strings.Contains(c.Message, "cannot allocate all claims") || !strings.Contains(c.Message, why) {
+						return false, fmt.Errorf("pod %s's condition does not say the claims cannot be allocated, and why (%q): %q", name, why, c.Message)
 					}
 					return true, nil
 				}

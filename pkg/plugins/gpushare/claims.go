@@ -1,7 +1,10 @@
 package gpushare
 
 import (
+	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -247,4 +250,51 @@ func (p *Plugin) claimScore(c *claimState, nodeInfo fwk.NodeInfo) int64 {
 		return fragmentationScore(out)
 	}
 	return usageScore(out)
+}
+
+// explainClaims says, for a pod with Tessera claims that no node could
+// take, what its requests ask of a card against the most any card has or
+// has free ("" for a pod without such claims).
+func (p *Plugin) explainClaims(pod *v1.Pod, nodeInfos []fwk.NodeInfo) string {
+	req := p.claimRequest(pod)
+	if req == nil {
+		return ""
+	}
+	names := sets.New[string]()
+	for _, n := range nodeInfos {
+		names.Insert(n.Node().Name)
+	}
+	var largest, most allocator.Usage
+	cards := 0
+	for _, n := range p.claimNodes(names) {
+		for i, c := range n.cards {
+			if !c.Healthy {
+				continue
+			}
+			cards++
+			largest.MemoryMiB = max(largest.MemoryMiB, c.Capacity.MemoryMiB)
+			most.MemoryMiB = max(most.MemoryMiB, c.Capacity.MemoryMiB-n.used[i].MemoryMiB)
+			most.Cores = max(most.Cores, c.Capacity.Cores-n.used[i].Cores)
+		}
+	}
+	if cards == 0 {
+		return "GPU claims: no node publishes Tessera cards in service (node agents with --dra)"
+	}
+	var b strings.Builder
+	b.WriteString("GPU claims:")
+	for i, c := range req.Containers {
+		if i > 0 {
+			b.WriteString(";")
+		}
+		memory := "a whole card's memory"
+		if c.MemoryMiB > 0 {
+			memory = strconv.FormatInt(c.MemoryMiB, 10) + " MiB"
+		}
+		fmt.Fprintf(&b, " %s asks %d card(s) with %s and %d %% of compute each", c.Name, c.Count, memory, c.Cores)
+		if c.MemoryMiB > largest.MemoryMiB {
+			fmt.Fprintf(&b, ", more memory than any Tessera card has (the largest: %d MiB)", largest.MemoryMiB)
+		}
+	}
+	fmt.Fprintf(&b, "; the most free on any of the %d Tessera cards: %d MiB, %d %% of compute", cards, most.MemoryMiB, most.Cores)
+	return b.String()
 }

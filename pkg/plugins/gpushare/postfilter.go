@@ -35,11 +35,17 @@ const maxQuoted = 64
 func (p *Plugin) PostFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod, statuses fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	s := getState(state)
 	lister := p.handle.SnapshotSharedLister()
-	if s == nil || lister == nil {
+	if lister == nil {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	nodes, err := lister.NodeInfos().List()
 	if err != nil {
+		return nil, fwk.NewStatus(fwk.Unschedulable)
+	}
+	if s == nil {
+		if why := p.explainClaims(pod, nodes); why != "" {
+			return nil, fwk.NewStatus(fwk.Unschedulable, why)
+		}
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	var sum summary
