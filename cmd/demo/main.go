@@ -20,6 +20,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,6 +52,9 @@ var fleet = []struct {
 	{"t4-node", cluster.T4, 4},
 	{"l4-node", cluster.L4, 2},
 }
+
+// draNode is the demo's node whose cards are DRA devices.
+const draNode = "l4-dra-node"
 
 func main() {
 	var o options
@@ -92,6 +96,12 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		go a.Run(agents) // keeps the heartbeat Lease fresh while the demo runs
 		fmt.Fprintf(out, "Node %s: %d x %s (simulated by the node agent)\n", n.name, n.cards, n.spec)
 	}
+	draAgent, _, err := cp.AddDRANode(agents, draNode, cluster.L4, 2, filepath.Join(o.workDir, "dra"))
+	if err != nil {
+		return err
+	}
+	go draAgent.Run(agents)
+	fmt.Fprintf(out, "Node %s: 2 x %s, served as DRA devices for resource claims (the node agent's --dra)\n", draNode, cluster.L4)
 	if _, err := cluster.CreateNode(ctx, client, "cpu-node", nil); err != nil {
 		return err
 	}
@@ -158,8 +168,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 }
 
-// submitExamples creates the objects in the YAML files of dir — pods and pod
-// groups, in the default namespace, and the priority classes they use — file by file in
+// submitExamples creates the objects in the YAML files of dir — pods, pod
+// groups and resource claims, in the default namespace, and the priority classes they use — file by file in
 // name order, waiting for each file's pods to settle before the next (so
 // that a later file can preempt an earlier one's pods), and returns the pods'
 // names.
@@ -204,12 +214,16 @@ func submitExamples(ctx context.Context, client kubernetes.Interface, dir string
 				if _, err := client.SchedulingV1beta1().PodGroups(metav1.NamespaceDefault).Create(ctx, o, metav1.CreateOptions{}); err != nil {
 					return nil, fmt.Errorf("%s: pod group %s: %w", f, o.Name, err)
 				}
+			case *resourceapi.ResourceClaim:
+				if _, err := client.ResourceV1().ResourceClaims(metav1.NamespaceDefault).Create(ctx, o, metav1.CreateOptions{}); err != nil {
+					return nil, fmt.Errorf("%s: resource claim %s: %w", f, o.Name, err)
+				}
 			case *schedulingv1.PriorityClass:
 				if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, o, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 					return nil, fmt.Errorf("%s: priority class %s: %w", f, o.Name, err)
 				}
 			default:
-				return nil, fmt.Errorf("%s: the demo submits pods, pod groups and priority classes, not %T", f, obj)
+				return nil, fmt.Errorf("%s: the demo submits pods, pod groups, resource claims and priority classes, not %T", f, obj)
 			}
 		}
 		if err := waitSettled(ctx, client, filePods); err != nil {

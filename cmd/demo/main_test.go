@@ -26,12 +26,14 @@ func TestDemoOnce(t *testing.T) {
 		// model selector: the 4-card job is on H100s.
 		regexp.MustCompile(`(?m)^h100-node\s+\d\s+NVIDIA H100.*pretrain-h100$`),
 		regexp.MustCompile(`(?m)^t4-node\s+\d\s+Tesla T4.*video-pipeline$`),
-		regexp.MustCompile(`default/too-big: .*GPUs: the pod needs 1 GPU with 163840 MiB; 4 nodes with at most 81920 MiB free on a GPU; 1 node without GPUs`),
+		regexp.MustCompile(`default/too-big: .*GPUs: the pod needs 1 GPU with 163840 MiB; 4 nodes with at most 81920 MiB free on a GPU; 1 node whose GPUs are DRA devices, for resource claims only; 1 node without GPUs`),
 		// a pod without GPUs goes to the node without GPUs.
-		regexp.MustCompile(`default/web on cpu-node`),
+		regexp.MustCompile(`(?m)^Without GPUs:\n  default/web on cpu-node\n`),
 		// priority: the critical pod preempted one batch job and took its L4.
 		regexp.MustCompile(`(?m)^l4-node\s+\d\s+NVIDIA L4.*l4-critical$`),
 		regexp.MustCompile(`(?m)^  default/l4-batch-\d for default/l4-critical on l4-node$`),
+		// claims: the two notebooks' DRA claims share one card of the DRA node.
+		regexp.MustCompile(`(?m)^l4-dra-node\s+\d\s+NVIDIA L4 \(DRA\)\s+\S+\s+12288/23034\s+\S+\s+40%\s+notebook-carol, notebook-dave$`),
 		// gangs: one bound whole, one that cannot fit waits holding nothing.
 		regexp.MustCompile(`default/too-wide-\d: .*pod group is unschedulable`),
 	} {

@@ -60,7 +60,7 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 					pods[j] = h.String()
 				}
 				list.Items = append(list.Items, CardStatus{
-					Node: n.Name, Card: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG,
+					Node: n.Name, Card: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG, Claims: n.Claims,
 					MemoryMiB: c.Capacity.MemoryMiB, MemoryAllocatedMiB: n.Used[i].MemoryMiB, CoresAllocated: n.Used[i].Cores,
 					Pods: pods, Agent: blocked[n.Name].message,
 				})
@@ -69,7 +69,7 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 		return printStructured(g.streams.Out, g.output, list)
 	}
 	if len(snapshot.Nodes) == 0 {
-		fmt.Fprintln(g.streams.ErrOut, "No GPU nodes: no node carries a GPU inventory (is the node agent running?).")
+		fmt.Fprintln(g.streams.ErrOut, "No GPU nodes: no node carries a GPU inventory or publishes Tessera's DRA devices (is the node agent running?).")
 		return nil
 	}
 	wide, bars := g.output == outputWide, g.bars()
@@ -90,7 +90,7 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 		}
 		for i, c := range n.Cards {
 			used := n.Used[i]
-			cells := []string{n.Name, fmt.Sprint(c.Index), c.Model}
+			cells := []string{n.Name, fmt.Sprint(c.Index), n.Model(c)}
 			if wide {
 				cells = append(cells, c.UUID)
 			}

@@ -33,6 +33,9 @@ type CardStatus struct {
 	Healthy bool `json:"healthy"`
 	// MIG reports that the card is in MIG mode, which Tessera does not use.
 	MIG bool `json:"mig,omitempty"`
+	// Claims reports that the card is a DRA device, held by resource
+	// claims rather than by extended-resource assignments.
+	Claims bool `json:"claims,omitempty"`
 	// MemoryMiB is the card's memory.
 	MemoryMiB int64 `json:"memoryMiB"`
 	// MemoryAllocatedMiB is the memory the pods on the card hold.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -15,6 +17,8 @@ import (
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/dra"
+	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -67,6 +71,41 @@ func (cp *ControlPlane) AddSimulatedNode(ctx context.Context, name string, spec 
 		HeartbeatInterval: 10 * time.Second,
 	}
 	return a, a.Once(ctx)
+}
+
+// AddDRANode creates a node whose agent serves its cards through the DRA
+// driver (the agent's --dra), under the agent's identity: it starts the
+// driver, with its kubelet socket and CDI specs under dir, and publishes
+// once, so the node's ResourceSlice is written. The returned agent keeps
+// the heartbeat going when Run; the driver stops with ctx.
+func (cp *ControlPlane) AddDRANode(ctx context.Context, name string, spec CardSpec, count int, dir string) (*agent.Agent, *dra.Driver, error) {
+	if _, err := CreateNode(ctx, cp.Client, name, nil); err != nil {
+		return nil, nil, err
+	}
+	backend, err := discovery.NewSimulated(name, fmt.Sprintf("%dx%s", count, spec))
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := cp.AgentClient(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	// kubelet's registration directory, which kubelet would have made.
+	if err := os.MkdirAll(filepath.Join(dir, "registry"), 0o750); err != nil {
+		return nil, nil, err
+	}
+	driver := &dra.Driver{Node: name, Enforce: enforce.DefaultConfig(), CDIDir: filepath.Join(dir, "cdi")}
+	if err := driver.Start(ctx, client, dra.Options{PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry")}); err != nil {
+		return nil, nil, err
+	}
+	a := &agent.Agent{
+		Backend:           backend,
+		Devices:           driver,
+		Publisher:         &publish.Publisher{Client: client, NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second, WithoutInventory: true},
+		RescanInterval:    30 * time.Second,
+		HeartbeatInterval: 10 * time.Second,
+	}
+	return a, driver, a.Once(ctx)
 }
 
 // PublishInventory sets the node's inventory annotation to raw, as the node's

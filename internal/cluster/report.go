@@ -33,8 +33,9 @@ func WriteTable(ctx context.Context, client kubernetes.Interface, w io.Writer) e
 		switch {
 		case p.Spec.NodeName == "":
 			pending = append(pending, key+": "+unschedulableMessage(p))
-		case !hasGPU:
+		case !hasGPU && (len(p.Spec.ResourceClaims) == 0 || snapshot.Node(p.Spec.NodeName) == nil):
 			plain = append(plain, key+" on "+p.Spec.NodeName)
+		case !hasGPU: // its GPUs are claims, shown with their cards
 		default:
 			if _, err := gpuinfo.DecodeAssignment(raw); err != nil {
 				pending = append(pending, key+": invalid assignment: "+err.Error())
@@ -45,7 +46,7 @@ func WriteTable(ctx context.Context, client kubernetes.Interface, w io.Writer) e
 	fmt.Fprintln(tw, "NODE\tGPU\tMODEL\tMEMORY (MiB)\tCOMPUTE\tPODS")
 	for _, n := range snapshot.Nodes {
 		for i, c := range n.Cards {
-			model := c.Model
+			model := n.Model(c)
 			if !c.Healthy {
 				model += " (unhealthy)"
 			}

@@ -9,9 +9,12 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -28,10 +31,13 @@ type PodRef struct {
 // String returns "namespace/name".
 func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
 
-// Node is one GPU node: a node carrying an inventory annotation.
+// Node is one GPU node: a node carrying an inventory annotation, or one
+// whose agent publishes its cards as DRA devices.
 type Node struct {
 	// Name is the node's name.
 	Name string
+	// Claims is set for a node whose cards are DRA devices, held by claims.
+	Claims bool
 	// Err is why the node's inventory annotation is invalid; such a node
 	// offers no GPUs (Cards is empty), as for the scheduler.
 	Err error
@@ -68,7 +74,92 @@ func Load(ctx context.Context, client kubernetes.Interface) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing pods: %w", err)
 	}
-	return Build(nodes.Items, pods.Items), nil
+	s := Build(nodes.Items, pods.Items)
+	// Cards served as DRA devices: a cluster without the API, or a user
+	// who may not list it, simply has none to show.
+	resourceSlices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		if !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
+			s.Problems = append(s.Problems, fmt.Errorf("listing ResourceSlices: %w", err))
+		}
+		return s, nil
+	}
+	claims, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		if !apierrors.IsNotFound(err) && !apierrors.IsForbidden(err) {
+			s.Problems = append(s.Problems, fmt.Errorf("listing ResourceClaims: %w", err))
+		}
+		return s, nil
+	}
+	s.AddClaims(resourceSlices.Items, claims.Items)
+	return s, nil
+}
+
+// AddClaims adds the nodes whose cards Tessera's DRA driver publishes in
+// slices, charged with what the allocated claims consume of each card; a
+// card's holders are the pods its claims are reserved for.
+func (s *Snapshot) AddClaims(resourceSlices []resourceapi.ResourceSlice, claims []resourceapi.ResourceClaim) {
+	byName := map[string]*Node{}
+	for i := range resourceSlices {
+		spec := &resourceSlices[i].Spec
+		if spec.Driver != gpuinfo.DRADriver || spec.NodeName == nil || s.Node(*spec.NodeName) != nil && byName[*spec.NodeName] == nil {
+			continue
+		}
+		node := byName[*spec.NodeName]
+		if node == nil {
+			node = &Node{Name: *spec.NodeName, Claims: true}
+			byName[node.Name] = node
+			s.Nodes = append(s.Nodes, node)
+		}
+		for j := range spec.Devices {
+			if card, ok := gpuinfo.DRACard(&spec.Devices[j]); ok {
+				node.Cards = append(node.Cards, allocator.NewCards(&gpuinfo.Inventory{Cards: []gpuinfo.Card{card}})[0])
+				node.Used = append(node.Used, allocator.Usage{})
+				node.Holders = append(node.Holders, nil)
+			}
+		}
+	}
+	for _, n := range byName {
+		sort.Sort(byIndex{n})
+	}
+	sort.Slice(s.Nodes, func(i, j int) bool { return s.Nodes[i].Name < s.Nodes[j].Name })
+	for i := range claims {
+		c := &claims[i]
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			node := byName[r.Pool]
+			index, ok := gpuinfo.DRACardIndex(r.Device)
+			if r.Driver != gpuinfo.DRADriver || node == nil || !ok {
+				continue
+			}
+			pos := slices.IndexFunc(node.Cards, func(card allocator.Card) bool { return card.Index == index })
+			if pos < 0 {
+				continue
+			}
+			memory, cores := gpuinfo.DRAShare(r.ConsumedCapacity, gpuinfo.Card{MemoryMiB: node.Cards[pos].Capacity.MemoryMiB})
+			node.Used[pos].MemoryMiB += memory
+			node.Used[pos].Cores += cores
+			for _, ref := range c.Status.ReservedFor {
+				pod := PodRef{Namespace: c.Namespace, Name: ref.Name}
+				if ref.Resource == "pods" && !holds(node.Holders[pos], pod) {
+					node.Holders[pos] = append(node.Holders[pos], pod)
+				}
+			}
+		}
+	}
+}
+
+// byIndex sorts a node's cards, with their usage and holders, by index.
+type byIndex struct{ *Node }
+
+func (b byIndex) Len() int           { return len(b.Cards) }
+func (b byIndex) Less(i, j int) bool { return b.Cards[i].Index < b.Cards[j].Index }
+func (b byIndex) Swap(i, j int) {
+	b.Cards[i], b.Cards[j] = b.Cards[j], b.Cards[i]
+	b.Used[i], b.Used[j] = b.Used[j], b.Used[i]
+	b.Holders[i], b.Holders[j] = b.Holders[j], b.Holders[i]
 }
 
 // Build computes the Snapshot of the given nodes and pods. Pods are charged
@@ -136,6 +227,15 @@ func Build(nodes []v1.Node, pods []v1.Pod) *Snapshot {
 		}
 	}
 	return s
+}
+
+// Model is the card's model as tables show it: marked "(DRA)" on a node
+// whose cards are DRA devices.
+func (n *Node) Model(c allocator.Card) string {
+	if n.Claims {
+		return c.Model + " (DRA)"
+	}
+	return c.Model
 }
 
 // Node returns the GPU node named name, or nil.

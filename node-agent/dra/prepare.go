@@ -124,17 +124,10 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 	return devices, nil
 }
 
-// consumed is the share of card an allocation result holds: its consumed
-// capacity, or the whole card for a result without one.
+// consumed is the share of card an allocation result holds.
 func consumed(r resourceapi.DeviceRequestAllocationResult, card discovery.Card) gpuinfo.CardAssignment {
-	share := gpuinfo.CardAssignment{Index: card.Index, UUID: card.UUID, MemoryMiB: card.MemoryMiB, Cores: gpuinfo.FullCores}
-	if q, ok := r.ConsumedCapacity[gpuinfo.DRAMemory]; ok {
-		share.MemoryMiB = gpuinfo.MiB(q)
-	}
-	if q, ok := r.ConsumedCapacity[gpuinfo.DRACores]; ok {
-		share.Cores = q.Value()
-	}
-	return share
+	memory, cores := gpuinfo.DRAShare(r.ConsumedCapacity, gpuinfo.Card{MemoryMiB: card.MemoryMiB})
+	return gpuinfo.CardAssignment{Index: card.Index, UUID: card.UUID, MemoryMiB: memory, Cores: cores}
 }
 
 // parametersFor are the driver parameters that apply to a request: the last

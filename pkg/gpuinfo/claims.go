@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
@@ -93,4 +94,45 @@ func DecodeDRAParameters(raw []byte) (*DRAParameters, error) {
 		return nil, fmt.Errorf("parameters of driver %s: taskPriority must be %s or %s, got %q", DRADriver, TaskPriorityHigh, TaskPriorityLow, p.TaskPriority)
 	}
 	return &p, nil
+}
+
+// DRACard reads a card from its ResourceSlice device, as the node agent's
+// driver publishes it; false for a device that is not one of its cards. A
+// card tainted NoSchedule or NoExecute is not Healthy.
+func DRACard(d *resourceapi.Device) (Card, bool) {
+	index, ok := DRACardIndex(d.Name)
+	memory, hasMemory := d.Capacity[DRAMemory]
+	cores, hasCores := d.Capacity[DRACores]
+	if !ok || !hasMemory || !hasCores {
+		return Card{}, false
+	}
+	card := Card{Index: index, MemoryMiB: MiB(memory.Value), Cores: cores.Value.Value(), Healthy: true, NUMANode: -1}
+	if a := d.Attributes["uuid"]; a.StringValue != nil {
+		card.UUID = *a.StringValue
+	}
+	if a := d.Attributes["model"]; a.StringValue != nil {
+		card.Model = *a.StringValue
+	}
+	if a := d.Attributes["migEnabled"]; a.BoolValue != nil {
+		card.MIGEnabled = *a.BoolValue
+	}
+	for _, t := range d.Taints {
+		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
+			card.Healthy = false
+		}
+	}
+	return card, true
+}
+
+// DRAShare is what an allocation result consumes of card: its consumed
+// capacity, or all of the card for a result without one.
+func DRAShare(consumed map[resourceapi.QualifiedName]resource.Quantity, card Card) (memoryMiB, cores int64) {
+	memoryMiB, cores = card.MemoryMiB, FullCores
+	if q, ok := consumed[DRAMemory]; ok {
+		memoryMiB = MiB(q)
+	}
+	if q, ok := consumed[DRACores]; ok {
+		cores = q.Value()
+	}
+	return memoryMiB, cores
 }

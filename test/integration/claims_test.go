@@ -2,7 +2,6 @@ package integration
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,12 +20,10 @@ import (
 	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
-	"github.com/tessera-gpu/tessera/manifests"
-	"github.com/tessera-gpu/tessera/node-agent/agent"
+	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/dra"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
-	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -39,34 +36,27 @@ type claimNode struct {
 	socket string
 }
 
-// draNode starts a node with two L4 cards served as DRA devices.
+// draNode starts a node with two L4 cards served as DRA devices. An
+// inventory annotation then written on the node (as by an agent still
+// serving the extended resources) is removed by the agent's next scan.
 func (e *env) draNode(suffix string) *claimNode {
 	e.tCtx.Helper()
-	name := e.plainNode(suffix)
-	backend, err := discovery.NewSimulated(name, "2xL4-24GB")
-	if err != nil {
-		e.tCtx.Fatal(err)
-	}
-	cards, err := backend.Cards()
-	if err != nil {
-		e.tCtx.Fatal(err)
-	}
-	// As if the node had been served through the extended resources
-	// before: the agent with --dra removes the inventory.
-	raw, err := discovery.Inventory(cards).Encode()
-	if err != nil {
-		e.tCtx.Fatal(err)
-	}
-	e.publishInventory(name, raw)
+	name := e.ns + "-" + suffix
 	dir := e.tCtx.TempDir()
-	// kubelet's registration directory, which kubelet makes.
-	if err := os.Mkdir(filepath.Join(dir, "registry"), 0o750); err != nil {
+	a, driver, err := controlPlane.AddDRANode(e.tCtx, name, cluster.L4, 2, dir)
+	e.nodes = append(e.nodes, name)
+	if err != nil {
 		e.tCtx.Fatal(err)
 	}
-	client := e.agentClient(name)
-	driver := &dra.Driver{Node: name, Enforce: enforce.DefaultConfig(), CDIDir: filepath.Join(dir, "cdi")}
-	a := &agent.Agent{Backend: backend, Devices: driver, Publisher: &publish.Publisher{Client: client, NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second, WithoutInventory: true}}
-	if err := driver.Start(e.tCtx, client, dra.Options{PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry")}); err != nil {
+	inv, err := cluster.SimulatedInventory(name, cluster.L4, 2)
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	raw, err := inv.Encode()
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	if err := controlPlane.PublishInventory(e.tCtx, name, raw); err != nil {
 		e.tCtx.Fatal(err)
 	}
 	if err := a.Once(e.tCtx); err != nil {
@@ -75,6 +65,10 @@ func (e *env) draNode(suffix string) *claimNode {
 	e.tCtx.Cleanup(func() {
 		_ = e.client.ResourceV1().ResourceSlices().DeleteCollection(e.tCtx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + name})
 	})
+	var cards []discovery.Card
+	for _, c := range inv.Cards {
+		cards = append(cards, discovery.Card{Index: c.Index, UUID: c.UUID})
+	}
 	return &claimNode{name: name, cards: cards, driver: driver, socket: filepath.Join(dir, "plugin", "dra.sock")}
 }
 

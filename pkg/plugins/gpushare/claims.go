@@ -3,6 +3,7 @@ package gpushare
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -65,11 +66,7 @@ func (p *Plugin) preScoreClaims(state fwk.CycleState, pod *v1.Pod, nodes []fwk.N
 	if req == nil {
 		return false
 	}
-	names := sets.New[string]()
-	for _, n := range nodes {
-		names.Insert(n.Node().Name)
-	}
-	c := &claimState{req: req, nodes: p.claimNodes(names)}
+	c := &claimState{req: req, nodes: p.claimNodes(nodes)}
 	if p.usesWorkload() {
 		c.workload, c.cpuMilli = p.workload(), podCPUMilli(pod)
 	}
@@ -158,20 +155,38 @@ func capacityRequest(requests map[resourceapi.QualifiedName]resource.Quantity, n
 	return q, ok
 }
 
-// claimNodes reads the Tessera cards of the named nodes from the
-// ResourceSlices, with what allocated claims consume of each.
-func (p *Plugin) claimNodes(names sets.Set[string]) map[string]*claimNode {
+// nodeNames are the names of the nodes.
+func nodeNames(nodes []fwk.NodeInfo) sets.Set[string] {
+	names := sets.New[string]()
+	for _, n := range nodes {
+		names.Insert(n.Node().Name)
+	}
+	return names
+}
+
+// claimNodes reads the Tessera cards of the given nodes from the
+// ResourceSlices, with what allocated claims consume of each; nil when
+// none of them has any (the claims are then not read). A cluster without
+// Tessera's DRA devices pays one list of its slices.
+func (p *Plugin) claimNodes(nodeInfos []fwk.NodeInfo) map[string]*claimNode {
 	dra := p.handle.SharedDRAManager()
-	slices, err := dra.ResourceSlices().ListWithDeviceTaintRules()
-	if err != nil {
+	if dra == nil {
 		return nil
 	}
-	allocated, err := dra.ResourceClaims().GatherAllocatedState()
-	if err != nil {
+	resourceSlices, err := dra.ResourceSlices().ListWithDeviceTaintRules()
+	if err != nil || !slices.ContainsFunc(resourceSlices, func(s *resourceapi.ResourceSlice) bool { return s.Spec.Driver == gpuinfo.DRADriver }) {
 		return nil
 	}
+	names := nodeNames(nodeInfos)
 	nodes := map[string]*claimNode{}
-	for _, slice := range slices {
+	// Each card's device, for its usage once the claims are read.
+	type cardRef struct {
+		node *claimNode
+		pos  int
+		id   structured.DeviceID
+	}
+	var refs []cardRef
+	for _, slice := range resourceSlices {
 		if slice.Spec.Driver != gpuinfo.DRADriver || slice.Spec.NodeName == nil || !names.Has(*slice.Spec.NodeName) {
 			continue
 		}
@@ -182,55 +197,35 @@ func (p *Plugin) claimNodes(names sets.Set[string]) map[string]*claimNode {
 		}
 		for i := range slice.Spec.Devices {
 			d := &slice.Spec.Devices[i]
-			card, ok := cardOf(d)
-			if !ok {
-				continue
+			if card, ok := gpuinfo.DRACard(d); ok {
+				refs = append(refs, cardRef{n, len(n.cards), structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)})
+				n.cards = append(n.cards, allocator.NewCards(&gpuinfo.Inventory{Cards: []gpuinfo.Card{card}})[0])
+				n.used = append(n.used, allocator.Usage{})
 			}
-			n.cards = append(n.cards, allocator.NewCards(&gpuinfo.Inventory{Cards: []gpuinfo.Card{card}})[0])
-			id := structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)
-			use := allocator.Usage{}
-			switch {
-			case allocated.AllocatedDevices.Has(id):
-				use = allocator.Usage{MemoryMiB: card.MemoryMiB, Cores: card.Cores}
-			case allocated.AggregatedCapacity[id] != nil:
-				if q := allocated.AggregatedCapacity[id][gpuinfo.DRAMemory]; q != nil {
-					use.MemoryMiB = gpuinfo.MiB(*q)
-				}
-				if q := allocated.AggregatedCapacity[id][gpuinfo.DRACores]; q != nil {
-					use.Cores = q.Value()
-				}
+		}
+	}
+	if len(nodes) == 0 {
+		return nil
+	}
+	allocated, err := dra.ResourceClaims().GatherAllocatedState()
+	if err != nil {
+		return nil
+	}
+	for _, r := range refs {
+		used := &r.node.used[r.pos]
+		switch consumed := allocated.AggregatedCapacity[r.id]; {
+		case allocated.AllocatedDevices.Has(r.id):
+			*used = r.node.cards[r.pos].Capacity
+		case consumed != nil:
+			if q := consumed[gpuinfo.DRAMemory]; q != nil {
+				used.MemoryMiB = gpuinfo.MiB(*q)
 			}
-			n.used = append(n.used, use)
+			if q := consumed[gpuinfo.DRACores]; q != nil {
+				used.Cores = q.Value()
+			}
 		}
 	}
 	return nodes
-}
-
-// cardOf reads a card from its ResourceSlice device; false for a device
-// that is not one of the driver's cards.
-func cardOf(d *resourceapi.Device) (gpuinfo.Card, bool) {
-	index, ok := gpuinfo.DRACardIndex(d.Name)
-	memory, hasMemory := d.Capacity[gpuinfo.DRAMemory]
-	cores, hasCores := d.Capacity[gpuinfo.DRACores]
-	if !ok || !hasMemory || !hasCores {
-		return gpuinfo.Card{}, false
-	}
-	card := gpuinfo.Card{Index: index, MemoryMiB: gpuinfo.MiB(memory.Value), Cores: cores.Value.Value(), Healthy: true, NUMANode: -1}
-	if a := d.Attributes["uuid"]; a.StringValue != nil {
-		card.UUID = *a.StringValue
-	}
-	if a := d.Attributes["model"]; a.StringValue != nil {
-		card.Model = *a.StringValue
-	}
-	if a := d.Attributes["migEnabled"]; a.BoolValue != nil {
-		card.MIGEnabled = *a.BoolValue
-	}
-	for _, t := range d.Taints {
-		if t.Effect == resourceapi.DeviceTaintEffectNoSchedule || t.Effect == resourceapi.DeviceTaintEffectNoExecute {
-			card.Healthy = false
-		}
-	}
-	return card, true
 }
 
 // claimScore scores a node for a pod with Tessera claims as Score does an
@@ -260,13 +255,9 @@ func (p *Plugin) explainClaims(pod *v1.Pod, nodeInfos []fwk.NodeInfo) string {
 	if req == nil {
 		return ""
 	}
-	names := sets.New[string]()
-	for _, n := range nodeInfos {
-		names.Insert(n.Node().Name)
-	}
 	var largest, most allocator.Usage
 	cards := 0
-	for _, n := range p.claimNodes(names) {
+	for _, n := range p.claimNodes(nodeInfos) {
 		for i, c := range n.cards {
 			if !c.Healthy {
 				continue

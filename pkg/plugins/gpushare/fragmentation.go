@@ -63,6 +63,9 @@ func fragmentationScore(out allocator.Outcome) int64 {
 type cpuOnlyState struct {
 	workload *allocator.Workload
 	cpuMilli int64
+	// claimNodes are the nodes whose cards are DRA devices, which the
+	// ledger does not know.
+	claimNodes map[string]*claimNode
 }
 
 // Clone returns the state itself: it is read-only.

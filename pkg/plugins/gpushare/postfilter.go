@@ -49,11 +49,12 @@ func (p *Plugin) PostFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod
 		return nil, fwk.NewStatus(fwk.Unschedulable)
 	}
 	var sum summary
+	claimNodes := p.claimNodes(nodes)
 	for _, nodeInfo := range nodes {
 		if st := statuses.Get(nodeInfo.Node().Name); st == nil || st.Plugin() != Name && !prunedByGPUShare(st) {
 			continue // not rejected for its GPUs
 		}
-		sum.add(p.explain(s, nodeInfo))
+		sum.add(p.explain(s, nodeInfo, claimNodes))
 	}
 	if len(sum.entries) == 0 {
 		return nil, fwk.NewStatus(fwk.Unschedulable)
@@ -74,7 +75,8 @@ type shortfall struct {
 }
 
 // explain answers Filter's question again for one node, with figures.
-func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo) shortfall {
+// claimNodes are the nodes whose cards are DRA devices.
+func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo, claimNodes map[string]*claimNode) shortfall {
 	node := nodeInfo.Node().Name
 	if p.agentTimeout > 0 {
 		if age, silent := p.silence(node, p.agentTimeout); silent {
@@ -86,6 +88,8 @@ func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo) shortfall {
 	}
 	out, err := p.fit(s, nodeInfo, p.records.get(node), allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
 	switch {
+	case errors.Is(err, ledger.ErrNoInventory) && claimNodes[node] != nil:
+		return shortfall{phrase: "whose GPUs are DRA devices, for resource claims only"}
 	case errors.Is(err, ledger.ErrNoInventory):
 		return shortfall{phrase: "without GPUs"}
 	case err != nil:

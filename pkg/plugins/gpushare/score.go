@@ -23,7 +23,7 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, 
 	case s != nil:
 	case p.preScoreClaims(state, pod, nodes):
 	default:
-		c := &cpuOnlyState{cpuMilli: podCPUMilli(pod)}
+		c := &cpuOnlyState{cpuMilli: podCPUMilli(pod), claimNodes: p.claimNodes(nodes)}
 		if p.nodePolicy == allocator.FragmentationAware {
 			c.workload = p.workload()
 		}
@@ -83,12 +83,17 @@ const noGPUsRank = math.MaxInt64
 
 // cpuOnlyScore scores a node for a pod that asks for no GPUs, by how little
 // GPU its CPU could strand there. A node without usable GPUs strands none
-// and scores highest. Otherwise, under Binpack and Spread alike, the node's
+// and scores highest; a node whose cards are DRA devices is a GPU node like
+// any other. Otherwise, under Binpack and Spread alike, the node's
 // GPU usage: a node whose cards are full strands nothing, one whose cards
 // are free risks them all. Under FragmentationAware, how little the pod's
 // CPU raises the node's fragmentation, ties going to the fuller node.
 func (p *Plugin) cpuOnlyScore(c *cpuOnlyState, nodeInfo fwk.NodeInfo) int64 {
-	out, err := p.ledger.FitWithoutGPU(nodeInfo.Node().Name, p.strategy(c.workload, nil, nodeInfo, c.cpuMilli))
+	st := p.strategy(c.workload, nil, nodeInfo, c.cpuMilli)
+	out, err := p.ledger.FitWithoutGPU(nodeInfo.Node().Name, st)
+	if n := c.claimNodes[nodeInfo.Node().Name]; err != nil && n != nil {
+		out, err = allocator.PlaceWithoutGPU(n.cards, n.used, st), nil
+	}
 	switch {
 	case err != nil && p.nodePolicy == allocator.FragmentationAware:
 		return noGPUsRank
