@@ -229,22 +229,25 @@ func (p *Plugin) claimNodes(nodeInfos []fwk.NodeInfo) map[string]*claimNode {
 }
 
 // claimScore scores a node for a pod with Tessera claims as Score does an
-// extended-resource pod, and lowest where the policy finds no room.
+// extended-resource pod, and lowest (after NormalizeScore) where the policy
+// finds no room or the node has no Tessera cards.
 func (p *Plugin) claimScore(c *claimState, nodeInfo fwk.NodeInfo) int64 {
 	n := c.nodes[nodeInfo.Node().Name]
-	if n == nil {
-		return 0
+	var out allocator.Outcome
+	if n != nil {
+		out = allocator.Place(n.cards, n.used, nil, c.req, p.strategy(c.workload, nil, nodeInfo, c.cpuMilli), nil)
 	}
-	out := allocator.Place(n.cards, n.used, nil, c.req, p.strategy(c.workload, nil, nodeInfo, c.cpuMilli), nil)
 	switch {
-	case !out.Fits && p.nodePolicy == allocator.FragmentationAware:
-		return math.MinInt64
-	case !out.Fits:
-		return 0
-	case p.nodePolicy == allocator.FragmentationAware:
+	case out.Fits && p.nodePolicy == allocator.FragmentationAware:
 		return fragmentationScore(out)
+	case out.Fits:
+		return usageScore(out)
+	case p.nodePolicy == allocator.FragmentationAware:
+		return math.MinInt64
+	case p.nodePolicy == allocator.Spread: // reversed by NormalizeScore
+		return fwk.MaxNodeScore
 	}
-	return usageScore(out)
+	return 0
 }
 
 // explainClaims says, for a pod with Tessera claims that no node could
