@@ -67,7 +67,7 @@ func (e *env) draNode(suffix string) *claimNode {
 	})
 	var cards []discovery.Card
 	for _, c := range inv.Cards {
-		cards = append(cards, discovery.Card{Index: c.Index, UUID: c.UUID})
+		cards = append(cards, discovery.Card{Index: c.Index, UUID: c.UUID, Model: c.Model, MemoryMiB: c.MemoryMiB, NUMANode: c.NUMANode, Healthy: c.Healthy})
 	}
 	return &claimNode{name: name, cards: cards, driver: driver, socket: filepath.Join(dir, "plugin", "dra.sock")}
 }
@@ -267,4 +267,22 @@ func TestClaims(t *testing.T) {
 	if d := cache.GetDevice(prepared.Devices[0].CdiDeviceIds[0]); d != nil {
 		t.Errorf("CDI device %s still defined after unprepare", prepared.Devices[0].CdiDeviceIds[0])
 	}
+
+	// A card out of service is republished at once, tainted NoSchedule.
+	other := nodes[1-slices.Index(nodes, node)]
+	cards := slices.Clone(other.cards)
+	cards[1].Healthy = false
+	other.driver.Update(cards)
+	e.waitFor(30*time.Second, "card 1 of "+other.name+" to be published tainted", func() (bool, error) {
+		list, err := e.client.ResourceV1().ResourceSlices().List(e.tCtx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + other.name})
+		if err != nil || len(list.Items) != 1 {
+			return false, err
+		}
+		for _, d := range list.Items[0].Spec.Devices {
+			if d.Name == "gpu-1" {
+				return len(d.Taints) == 1 && d.Taints[0].Key == gpuinfo.DRAUnhealthyTaint && d.Taints[0].Effect == resourceapi.DeviceTaintEffectNoSchedule, nil
+			}
+		}
+		return false, nil
+	})
 }
