@@ -1,6 +1,7 @@
 // Command node-agent runs on every GPU node: it discovers the cards (through
 // NVML, or simulated ones), publishes the node's tessera.io/gpu-inventory
-// annotation when it changes, and renews a heartbeat Lease.
+// annotation when it changes (or, with --dra, serves the cards as DRA
+// devices instead), and renews a heartbeat Lease.
 package main
 
 import (
