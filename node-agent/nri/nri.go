@@ -155,6 +155,10 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 		klog.FromContext(ctx).Error(err, "Refusing to start container", "pod", klog.KObj(pod), "container", ctr.Name)
 		return nil, nil, fmt.Errorf("tessera: %w", err)
 	}
+	if len(adj.Env) == 0 {
+		klog.FromContext(ctx).V(2).Info("Left container to its resource claims", "pod", klog.KObj(pod), "container", ctr.Name)
+		return nil, nil, nil
+	}
 	out := &api.ContainerAdjustment{}
 	for _, e := range adj.Env {
 		out.AddEnv(e.Name, e.Value)

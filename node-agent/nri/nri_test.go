@@ -144,7 +144,10 @@ func TestNRIAgainstRuntime(t *testing.T) {
 	}
 	missing := gpuPod("unassigned", "GPU-x")
 	delete(missing.Annotations, gpuinfo.AssignmentAnnotation)
-	pods = append(pods, missing, st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj())
+	claims := st.MakePod().Name("claims").Namespace("ns").UID("uid-claims").Node("node-1").Container("main").Obj()
+	claims.Spec.Containers[0].Name = "main" // as the runtime side names it
+	claims.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+	pods = append(pods, missing, claims, st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj())
 	plugin := newPlugin()
 	plugin.SetPods(podMap(pods...))
 	runPlugin(tCtx, plugin, dir)
@@ -182,6 +185,9 @@ func TestNRIAgainstRuntime(t *testing.T) {
 
 	if adj, err := runtime.create(tCtx, "ns", "plain", "uid-plain"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" || len(adj.GetMounts()) != 0 {
 		t.Errorf("a container without GPUs was not hidden from the cards: %v, %v", adj, err)
+	}
+	if adj, err := runtime.create(tCtx, "ns", "claims", "uid-claims"); err != nil || len(adj.GetEnv()) != 0 || len(adj.GetMounts()) != 0 {
+		t.Errorf("a container using DRA claims was adjusted: %v, %v", adj, err)
 	}
 	if adj, err := runtime.create(tCtx, "monitoring", "exporter", "uid-exporter"); err != nil || len(adj.GetEnv()) != 0 {
 		t.Errorf("a container of an unrestricted namespace was adjusted: %v, %v", adj, err)

@@ -160,11 +160,11 @@ func startContainer(tCtx ktesting.TContext, sb *sandbox, pod *v1.Pod, name strin
 // createAsKubelet creates the container, retrying for a while, as kubelet
 // does, when the agent answers that it has not seen the pod bound to the
 // node yet (its watch may lag the binding by a moment under load).
-func createAsKubelet(ctx context.Context, sb *sandbox, pod *v1.Pod, name string) (string, error) {
+func createAsKubelet(ctx context.Context, sb *sandbox, pod *v1.Pod, name string, cdiDevices ...string) (string, error) {
 	var id string
 	var err error
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
-		id, err = suite.runtime.createContainer(ctx, sb, pod, name)
+		id, err = suite.runtime.createContainer(ctx, sb, pod, name, cdiDevices...)
 		return err == nil || !strings.Contains(err.Error(), "kubelet will retry"), nil
 	})
 	return id, err

@@ -218,10 +218,10 @@ type running struct {
 }
 
 // createContainer creates the pod's container name in the sandbox from the
-// test image, with the environment the pod spec gives it, as kubelet does.
-// It returns CreateContainer's error as is: the agent's refusals come back
-// in it.
-func (c *containerd) createContainer(ctx context.Context, sb *sandbox, pod *v1.Pod, name string) (string, error) {
+// test image, with the environment the pod spec gives it and the CDI
+// devices its claims were prepared with, as kubelet does. It returns
+// CreateContainer's error as is: the agent's refusals come back in it.
+func (c *containerd) createContainer(ctx context.Context, sb *sandbox, pod *v1.Pod, name string, cdiDevices ...string) (string, error) {
 	env := map[string]string{}
 	for _, spec := range append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
 		if spec.Name == name {
@@ -237,6 +237,9 @@ func (c *containerd) createContainer(ctx context.Context, sb *sandbox, pod *v1.P
 	}
 	for k, v := range env {
 		config.Envs = append(config.Envs, &runtimeapi.KeyValue{Key: k, Value: []byte(v)})
+	}
+	for _, d := range cdiDevices {
+		config.CDIDevices = append(config.CDIDevices, &runtimeapi.CDIDevice{Name: d})
 	}
 	resp, err := c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.id, Config: config, SandboxConfig: sb.config})
 	if err != nil {
