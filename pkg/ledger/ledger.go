@@ -7,7 +7,10 @@ package ledger
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -30,6 +33,8 @@ type Ledger struct {
 	// inventories counts changes to the recorded inventories
 	// (UsableCardsByModel).
 	inventories uint64
+	// kinds numbers the kinds of node seen (kindOf), from 1.
+	kinds map[string]uint32
 }
 
 type node struct {
@@ -48,6 +53,11 @@ type node struct {
 	// seenRV is the resourceVersion of the newest node object whose
 	// inventory annotation the ledger has recorded (or found unchanged).
 	seenRV string
+	// kind numbers the node's cards as a placement sees them (kindOf); 0
+	// while it has none.
+	kind uint32
+	// idle is set while nothing is charged on any of its cards.
+	idle bool
 }
 
 type pod struct {
@@ -96,7 +106,7 @@ func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (
 		return false, n.errIfInvalid()
 	}
 	n.raw, n.hasReport, n.version = raw, present, max(version, n.version)
-	n.cards, n.err = nil, ErrNoInventory
+	n.cards, n.err, n.kind = nil, ErrNoInventory, 0
 	l.inventories++
 	if present {
 		inv, derr := gpuinfo.DecodeInventory(raw)
@@ -104,6 +114,7 @@ func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (
 			n.err = derr
 		} else {
 			n.cards, n.err = allocator.NewCards(inv), nil
+			n.kind = l.kindOf(n.cards)
 		}
 	}
 	l.rechargeLocked(n)
@@ -147,10 +158,30 @@ func (l *Ledger) rechargeLocked(n *node) {
 	l.summarize(n)
 }
 
+// kindOf numbers the kind of node that has these cards: their models,
+// capacities, health and MIG mode in index order — all that a placement
+// without UUID selectors sees of an idle node.
+func (l *Ledger) kindOf(cards []allocator.Card) uint32 {
+	var b strings.Builder
+	for _, c := range cards {
+		fmt.Fprintf(&b, "%s/%d/%d/%t/%t;", c.ModelLower, c.Capacity.MemoryMiB, c.Capacity.Cores, c.Healthy, c.MIG)
+	}
+	if l.kinds == nil {
+		l.kinds = map[string]uint32{}
+	}
+	k, ok := l.kinds[b.String()]
+	if !ok {
+		k = uint32(len(l.kinds) + 1)
+		l.kinds[b.String()] = k
+	}
+	return k
+}
+
 // summarize recomputes the node's room and recounts it in byFreeCards.
 func (l *Ledger) summarize(n *node) {
 	l.uncount(n)
 	n.summarize()
+	n.idle = !slices.ContainsFunc(n.used, func(u allocator.Usage) bool { return u != allocator.Usage{} })
 	if n.err == nil {
 		n.countedAt = min(n.room.freeCards, gpuinfo.MaxCardsPerNode)
 		l.byFreeCards[n.countedAt]++

@@ -399,7 +399,7 @@ func TestFitCurrentKnowsStaleInventory(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			out, err := l.FitCurrent(tc.node, threeCards, nil, allocator.Strategy{Policy: allocator.Binpack})
+			out, err := l.FitCurrent(tc.node, threeCards, nil, allocator.Strategy{Policy: allocator.Binpack}, nil)
 			if err != tc.wantErr || out.Fits != tc.wantFits {
 				t.Errorf("FitCurrent = fits %v, %v; want fits %v, %v", out.Fits, err, tc.wantFits, tc.wantErr)
 			}

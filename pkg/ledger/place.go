@@ -26,15 +26,27 @@ func (l *Ledger) Fit(nodeName string, req *gpuinfo.PodRequest, deltas []allocato
 
 // FitCurrent is Fit for a caller holding the scheduler's current node object:
 // it returns ErrStaleInventory when the ledger has not recorded that object's
-// inventory annotation yet, so the caller can record it and retry.
-func (l *Ledger) FitCurrent(node *v1.Node, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (allocator.Outcome, error) {
+// inventory annotation yet, so the caller can record it and retry. With
+// idle (the pod's, for its cycle), an idle node is answered as the last idle
+// node of its kind was.
+func (l *Ledger) FitCurrent(node *v1.Node, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy, idle *IdleFits) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	n := l.nodes[node.Name]
 	if !n.current(node) {
 		return allocator.Outcome{}, ErrStaleInventory
 	}
-	return n.fit(req, deltas, st)
+	if !n.usesIdleFits(idle, req, deltas, st) {
+		return n.fit(req, deltas, st)
+	}
+	if out, ok := idle.get(n.kind, st.Policy); ok {
+		return out, nil
+	}
+	out, err := n.fit(req, deltas, st)
+	if err == nil {
+		idle.put(n.kind, st.Policy, out)
+	}
+	return out, err
 }
 
 // current reports whether the entry n (nil when the ledger has none) records

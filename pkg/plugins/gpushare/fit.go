@@ -20,7 +20,7 @@ import (
 func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, rec *nodeRecord, st allocator.Strategy) (allocator.Outcome, error) {
 	node := nodeInfo.Node()
 	deltas := s.deltas[node.Name]
-	out, err := p.ledger.FitCurrent(node, s.req, deltas, st)
+	out, err := p.ledger.FitCurrent(node, s.req, deltas, st, s.idleFits)
 	if errors.Is(err, ledger.ErrStaleInventory) {
 		p.onNode(node)
 		out, err = p.ledger.Fit(node.Name, s.req, deltas, st)

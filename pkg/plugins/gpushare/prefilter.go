@@ -14,6 +14,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
 // PreFilter parses the pod's GPU request once and shows it to the workload
@@ -35,7 +36,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
 	p.fitView.narrow(ctx, state, pod)
 	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted),
-		reservations: p.reservations.against(pod), silentBefore: p.silentBefore(), cycle: p.records.newCycle()})
+		reservations: p.reservations.against(pod), silentBefore: p.silentBefore(), cycle: p.records.newCycle(), idleFits: &ledger.IdleFits{}})
 	if res := p.awaitVictims(pod); res != nil {
 		return res, nil
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
 // stateKey is where PreFilter leaves the pod's parsed request.
@@ -30,6 +31,10 @@ type cycleState struct {
 	// nanoseconds: an agent that last renewed its Lease before it is silent.
 	// Taken once in PreFilter rather than per node.
 	silentBefore int64
+	// idleFits answers Filter and Score for idle nodes of a kind already
+	// placed on in this cycle (shared with clones: it holds no per-node
+	// state, and is used only where nothing adjusts the node).
+	idleFits *ledger.IdleFits
 	// cycle numbers the scheduling cycle for the score slots; 0 in clones,
 	// whose Filter runs (nominated pods added, preemption dry runs) see the
 	// nodes otherwise than Score will.
