@@ -1,6 +1,8 @@
 package gpushare
 
 import (
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -59,5 +61,50 @@ func TestNodeRecords(t *testing.T) {
 	r.nodeDeleted("m")
 	if r.get("m") != nil {
 		t.Error("a deleted node without a Lease kept its record")
+	}
+}
+
+// TestNodeRecordsConcurrently: lookups from many goroutines while handlers
+// make and drop records find every record made and not dropped, and the
+// same record each time.
+func TestNodeRecordsConcurrently(t *testing.T) {
+	var r nodeRecords
+	const nodes = 2000
+	made := make([]*nodeRecord, nodes)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				_ = r.get(fmt.Sprint("n", (i*7+g)%nodes))
+			}
+		}()
+	}
+	for i := range nodes {
+		made[i] = r.ensure(fmt.Sprint("n", i))
+		if i%3 == 0 {
+			r.leaseDeleted(fmt.Sprint("n", i))
+		}
+	}
+	close(done)
+	wg.Wait()
+	for i := range nodes {
+		got := r.get(fmt.Sprint("n", i))
+		switch {
+		case i%3 == 0 && got != nil:
+			t.Errorf("record of n%d found after its Lease was deleted", i)
+		case i%3 != 0 && got != made[i]:
+			t.Errorf("record of n%d = %p, want the one made, %p", i, got, made[i])
+		}
+	}
+	if n := len(r.heartbeats()); n != 0 {
+		t.Errorf("%d heartbeats, want none (no Lease renewed)", n)
 	}
 }
