@@ -99,7 +99,7 @@ func (p *Plugin) claimRequest(pod *v1.Pod) *gpuinfo.PodRequest {
 				continue
 			}
 			class, err := dra.DeviceClasses().Get(e.DeviceClassName)
-			if err != nil || !TesseraClass(class) {
+			if err != nil || !tesseraClass(class) {
 				continue
 			}
 			c := gpuinfo.ContainerRequest{Name: claim.Name + "/" + r.Name, Kind: gpuinfo.AppContainer, Count: int(max(e.Count, 1)), Cores: gpuinfo.FullCores}
@@ -120,9 +120,9 @@ func (p *Plugin) claimRequest(pod *v1.Pod) *gpuinfo.PodRequest {
 	return &req
 }
 
-// TesseraClass reports whether a DeviceClass hands out Tessera's cards: its
+// tesseraClass reports whether a DeviceClass hands out Tessera's cards: its
 // configuration names Tessera's driver (the shipped classes do).
-func TesseraClass(class *resourceapi.DeviceClass) bool {
+func tesseraClass(class *resourceapi.DeviceClass) bool {
 	for _, c := range class.Spec.Config {
 		if c.Opaque != nil && c.Opaque.Driver == gpuinfo.DRADriver {
 			return true
