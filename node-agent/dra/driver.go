@@ -122,7 +122,7 @@ func (d *Driver) publish() {
 	for _, c := range d.cards {
 		cards = append(cards, c)
 	}
-	res := Resources(d.Node, cards)
+	res := resources(d.Node, cards)
 	if d.published != nil && equality.Semantic.DeepEqual(*d.published, res) {
 		return
 	}
@@ -133,13 +133,13 @@ func (d *Driver) publish() {
 	d.published = &res
 }
 
-// Resources are the node's cards as one pool, named after the node, of one
+// resources are the node's cards as one pool, named after the node, of one
 // slice: a device per card (by index), shareable by many claims, each
 // consuming memory (whole MiB, up to the card's) and compute (whole
 // percent, up to 100) — the ranges Tessera's extended resources accept. A
 // request that names neither gets the whole card. A card out of service is
 // tainted NoSchedule.
-func Resources(node string, cards []discovery.Card) resourceslice.DriverResources {
+func resources(node string, cards []discovery.Card) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, len(cards))
 	for _, c := range sortedByIndex(cards) {
 		memory := *resource.NewQuantity(c.MemoryMiB<<20, resource.BinarySI)

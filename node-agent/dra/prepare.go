@@ -20,11 +20,11 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// CDIKind is the CDI kind of the per-claim devices the driver writes.
-const CDIKind = gpuinfo.Domain + "/claim"
+// cdiKind is the CDI kind of the per-claim devices the driver writes.
+const cdiKind = gpuinfo.Domain + "/claim"
 
-// SpecPath is the file of the CDI spec the driver writes for a claim.
-func (d *Driver) SpecPath(claim types.UID) string {
+// specPath is the file of the CDI spec the driver writes for a claim.
+func (d *Driver) specPath(claim types.UID) string {
 	return filepath.Join(d.CDIDir, gpuinfo.Domain+"-claim_"+string(claim)+".json")
 }
 
@@ -48,7 +48,7 @@ func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, claim := range claims {
-		err := os.Remove(d.SpecPath(claim.UID))
+		err := os.Remove(d.specPath(claim.UID))
 		if errors.Is(err, os.ErrNotExist) {
 			err = nil
 		}
@@ -102,7 +102,7 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 		assigned = append(assigned, share)
 		devices = append(devices, kubeletplugin.Device{
 			Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, ShareID: r.ShareID,
-			CDIDeviceIDs: []string{CDIKind + "=" + deviceName(claim.UID, r.Device)},
+			CDIDeviceIDs: []string{cdiKind + "=" + deviceName(claim.UID, r.Device)},
 		})
 	}
 	if len(assigned) == 0 {
@@ -173,7 +173,7 @@ func deviceName(claim types.UID, device string) string { return string(claim) + 
 // writeSpec writes the claim's CDI spec atomically (a runtime reading the
 // directory never sees half a file).
 func (d *Driver) writeSpec(claim types.UID, cards []gpuinfo.CardAssignment, adj *enforce.Adjustment) error {
-	spec := &cdispec.Spec{Kind: CDIKind}
+	spec := &cdispec.Spec{Kind: cdiKind}
 	for _, e := range adj.Env {
 		spec.ContainerEdits.Env = append(spec.ContainerEdits.Env, e.Name+"="+e.Value)
 	}
@@ -222,5 +222,5 @@ func (d *Driver) writeSpec(claim types.UID, cards []gpuinfo.CardAssignment, adj 
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), d.SpecPath(claim))
+	return os.Rename(tmp.Name(), d.specPath(claim))
 }
