@@ -9,12 +9,14 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/manifests"
 	reservationv1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
@@ -27,6 +29,7 @@ const (
 	PolicyGPUPodsBoundByTessera = "tessera-gpu-pods-bound-by-tessera"
 	PolicyGPUInventory          = "tessera-gpu-inventory"
 	PolicyAgentLeases           = "tessera-agent-leases"
+	PolicyDRASlices             = "tessera-dra-slices"
 )
 
 // WaitServed waits until the API server serves the GPUReservation resource
@@ -82,6 +85,11 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 	bound.Spec.NodeName = "probe-node"
 	bound.Spec.Containers[0].Resources.Limits = v1.ResourceList{names.GPU: resource.MustParse("1")}
 	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "tessera-probe-node", Annotations: map[string]string{gpuinfo.InventoryAnnotation: `{"version":1}`}}}
+	slice := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "tessera-probe-slice"},
+		Spec: resourceapi.ResourceSliceSpec{Driver: gpuinfo.DRADriver, NodeName: ptr.To("probe-node"),
+			Pool: resourceapi.ResourcePool{Name: "probe-node", ResourceSliceCount: 1}, Devices: []resourceapi.Device{{Name: "gpu-0"}}},
+	}
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + "another-node", Namespace: manifests.Namespace}}
 	probes := []struct {
 		policy string
@@ -101,6 +109,10 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 		}},
 		{PolicyAgentLeases, func(ctx context.Context) error {
 			_, err := agent.CoordinationV1().Leases(lease.Namespace).Create(ctx, lease, dryRun)
+			return err
+		}},
+		{PolicyDRASlices, func(ctx context.Context) error {
+			_, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice, dryRun)
 			return err
 		}},
 	}

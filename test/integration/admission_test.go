@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -105,6 +106,13 @@ func TestAdmissionPolicies(t *testing.T) {
 	}
 
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	slice := func(driver, node string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-"},
+			Spec: resourceapi.ResourceSliceSpec{Driver: driver, NodeName: ptr.To(node), Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Devices: []resourceapi.Device{{Name: "gpu-0"}}},
+		}
+	}
 	dryPatch := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
 	gpuPod := func(name string) *v1.Pod {
 		p := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu": 1})
@@ -267,6 +275,31 @@ func TestAdmissionPolicies(t *testing.T) {
 		}},
 		{"an agent writes a Lease outside its namespace", deniedByRBAC, func() error {
 			_, err := agentA.CoordinationV1().Leases(e.ns).Create(e.tCtx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + nodeA}}, dry)
+			return err
+		}},
+		// DRA: a node's slice of Tessera's driver.
+		{"an agent publishes its node's ResourceSlice", allowed, func() error {
+			_, err := agentA.ResourceV1().ResourceSlices().Create(e.tCtx, slice("tessera.io", nodeA), dry)
+			return err
+		}},
+		{"an agent publishes a ResourceSlice for another node", install.PolicyDRASlices, func() error {
+			_, err := agentA.ResourceV1().ResourceSlices().Create(e.tCtx, slice("tessera.io", nodeB), dry)
+			return err
+		}},
+		{"an agent publishes another driver's ResourceSlice", install.PolicyDRASlices, func() error {
+			_, err := agentA.ResourceV1().ResourceSlices().Create(e.tCtx, slice("other.example.com", nodeA), dry)
+			return err
+		}},
+		{"the agent's account without a node-bound token publishes a ResourceSlice", install.PolicyDRASlices, func() error {
+			_, err := unboundAgent.ResourceV1().ResourceSlices().Create(e.tCtx, slice("tessera.io", nodeA), dry)
+			return err
+		}},
+		{"a cluster admin writes a ResourceSlice of Tessera's driver", install.PolicyDRASlices, func() error {
+			_, err := admin.ResourceV1().ResourceSlices().Create(e.tCtx, slice("tessera.io", nodeA), dry)
+			return err
+		}},
+		{"a cluster admin writes another driver's ResourceSlice", allowed, func() error {
+			_, err := admin.ResourceV1().ResourceSlices().Create(e.tCtx, slice("other.example.com", nodeA), dry)
 			return err
 		}},
 		// What the agent's role does not grant.
