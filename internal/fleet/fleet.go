@@ -113,7 +113,7 @@ func (s *Snapshot) AddClaims(resourceSlices []resourceapi.ResourceSlice, claims 
 		}
 		for j := range spec.Devices {
 			if card, ok := gpuinfo.DRACard(&spec.Devices[j]); ok {
-				node.Cards = append(node.Cards, allocator.NewCards(&gpuinfo.Inventory{Cards: []gpuinfo.Card{card}})[0])
+				node.Cards = append(node.Cards, allocator.NewCard(card))
 				node.Used = append(node.Used, allocator.Usage{})
 				node.Holders = append(node.Holders, nil)
 			}

@@ -72,18 +72,24 @@ type Card struct {
 func NewCards(inv *gpuinfo.Inventory) []Card {
 	cards := make([]Card, len(inv.Cards))
 	for i, c := range inv.Cards {
-		cards[i] = Card{
-			Index:      c.Index,
-			UUID:       c.UUID,
-			Model:      c.Model,
-			ModelLower: strings.ToLower(c.Model),
-			UUIDLower:  strings.ToLower(c.UUID),
-			Capacity:   Usage{MemoryMiB: c.MemoryMiB, Cores: c.Cores},
-			Healthy:    c.Healthy && !c.MIGEnabled,
-			MIG:        c.MIGEnabled,
-		}
+		cards[i] = NewCard(c)
 	}
 	return cards
+}
+
+// NewCard converts one card of an inventory, or one published as a DRA
+// device.
+func NewCard(c gpuinfo.Card) Card {
+	return Card{
+		Index:      c.Index,
+		UUID:       c.UUID,
+		Model:      c.Model,
+		ModelLower: strings.ToLower(c.Model),
+		UUIDLower:  strings.ToLower(c.UUID),
+		Capacity:   Usage{MemoryMiB: c.MemoryMiB, Cores: c.Cores},
+		Healthy:    c.Healthy && !c.MIGEnabled,
+		MIG:        c.MIGEnabled,
+	}
 }
 
 // need returns what a container takes from a card: an exclusive container

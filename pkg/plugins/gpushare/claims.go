@@ -199,7 +199,7 @@ func (p *Plugin) claimNodes(nodeInfos []fwk.NodeInfo) map[string]*claimNode {
 			d := &slice.Spec.Devices[i]
 			if card, ok := gpuinfo.DRACard(d); ok {
 				refs = append(refs, cardRef{n, len(n.cards), structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)})
-				n.cards = append(n.cards, allocator.NewCards(&gpuinfo.Inventory{Cards: []gpuinfo.Card{card}})[0])
+				n.cards = append(n.cards, allocator.NewCard(card))
 				n.used = append(n.used, allocator.Usage{})
 			}
 		}
