@@ -12,12 +12,14 @@ import (
 
 // EventsToRegister names the events that can make room for a GPU pod the
 // plugin rejected: a pod holding GPUs going away (deleted, finished, or
-// un-assumed after a failed bind), and a node whose inventory appears or
-// changes. Each comes with a hint that skips events that cannot help.
+// un-assumed after a failed bind), a node whose inventory appears or
+// changes, and a node that advertises more cards (the count GPUShare checks
+// in NodeResourcesFit's stead). Each comes with a hint that skips events
+// that cannot help.
 func (p *Plugin) EventsToRegister(_ context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: p.isSchedulableAfterPodDeleted},
-		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation}, QueueingHintFn: p.isSchedulableAfterNodeChange},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation | fwk.UpdateNodeAllocatable}, QueueingHintFn: p.isSchedulableAfterNodeChange},
 	}, nil
 }
 
@@ -42,8 +44,8 @@ func (p *Plugin) isSchedulableAfterPodDeleted(logger klog.Logger, pod *v1.Pod, o
 }
 
 // isSchedulableAfterNodeChange queues the pod when a node's inventory
-// appears or changes. Like isSchedulableAfterPodDeleted, it first applies the
-// change to the ledger.
+// appears or changes, or a node with an inventory advertises more cards. Like
+// isSchedulableAfterPodDeleted, it first applies the change to the ledger.
 func (p *Plugin) isSchedulableAfterNodeChange(logger klog.Logger, pod *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
 	node, ok := newObj.(*v1.Node)
 	if !ok {
@@ -54,11 +56,23 @@ func (p *Plugin) isSchedulableAfterNodeChange(logger klog.Logger, pod *v1.Pod, o
 	if !present {
 		return fwk.QueueSkip, nil
 	}
-	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[gpuinfo.InventoryAnnotation] == raw {
-		return fwk.QueueSkip, nil
+	old, ok := oldObj.(*v1.Node)
+	if !ok || old.Annotations[gpuinfo.InventoryAnnotation] != raw {
+		logger.V(5).Info("A node's GPU inventory appeared or changed", "pod", klog.KObj(pod), "node", klog.KObj(node))
+		return fwk.Queue, nil
 	}
-	logger.V(5).Info("A node's GPU inventory appeared or changed", "pod", klog.KObj(pod), "node", klog.KObj(node))
-	return fwk.Queue, nil
+	if p.cardsAdvertised(node) > p.cardsAdvertised(old) {
+		logger.V(5).Info("A node advertises more GPUs", "pod", klog.KObj(pod), "node", klog.KObj(node))
+		return fwk.Queue, nil
+	}
+	return fwk.QueueSkip, nil
+}
+
+// cardsAdvertised is the node's allocatable card count, as its agent's
+// device plugin advertises it to kubelet.
+func (p *Plugin) cardsAdvertised(node *v1.Node) int64 {
+	q := node.Status.Allocatable[p.names.GPU]
+	return q.Value()
 }
 
 // requestsGPU reports whether any container names one of the GPU resources.

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -435,6 +436,11 @@ func TestQueueingHints(t *testing.T) {
 		return st.MakeNode().Name("n").Annotation(gpuinfo.InventoryAnnotation, raw).Obj()
 	}
 	plainNode := st.MakeNode().Name("n").Obj()
+	advertising := func(cards string) *v1.Node {
+		n := withInv(inv)
+		n.Status.Allocatable = v1.ResourceList{"tessera.io/gpu": resource.MustParse(cards)}
+		return n
+	}
 	tests := []struct {
 		name     string
 		fn       fwk.QueueingHintFn
@@ -449,6 +455,13 @@ func TestQueueingHints(t *testing.T) {
 		{"inventory grew", h.plugin.isSchedulableAfterNodeChange, withInv(inv), withInv(bigger), fwk.Queue},
 		{"inventory unchanged", h.plugin.isSchedulableAfterNodeChange, withInv(inv), withInv(inv), fwk.QueueSkip},
 		{"inventory removed", h.plugin.isSchedulableAfterNodeChange, withInv(inv), plainNode, fwk.QueueSkip},
+		{"more cards advertised", h.plugin.isSchedulableAfterNodeChange, advertising("4"), advertising("8"), fwk.Queue},
+		{"fewer cards advertised", h.plugin.isSchedulableAfterNodeChange, advertising("8"), advertising("4"), fwk.QueueSkip},
+		{"cards advertised without inventory", h.plugin.isSchedulableAfterNodeChange, plainNode, func() *v1.Node {
+			n := plainNode.DeepCopy()
+			n.Status.Allocatable = v1.ResourceList{"tessera.io/gpu": resource.MustParse("8")}
+			return n
+		}(), fwk.QueueSkip},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

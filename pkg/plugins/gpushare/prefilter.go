@@ -34,8 +34,8 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	// The learner counts each pod once, here in the scheduling cycle, so a
 	// replay is deterministic.
 	p.learner.Observe(string(pod.UID), req, podCPUMilli(pod))
-	p.fitView.narrow(ctx, state, pod)
-	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted),
+	cards := p.fitView.narrow(ctx, state, pod)
+	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted), cards: cards,
 		reservations: p.reservations.against(pod), silentBefore: p.silentBefore(), cycle: p.records.newCycle(), idleFits: &ledger.IdleFits{}})
 	if res := p.awaitVictims(pod); res != nil {
 		return res, nil

@@ -35,6 +35,9 @@ type cycleState struct {
 	// placed on in this cycle (shared with clones: it holds no per-node
 	// state, and is used only where nothing adjusts the node).
 	idleFits *ledger.IdleFits
+	// cards is the card count Filter checks against each node's allocatable
+	// in NodeResourcesFit's stead (fitView); 0 when NodeResourcesFit checks it.
+	cards int64
 	// cycle numbers the scheduling cycle for the score slots; 0 in clones,
 	// whose Filter runs (nominated pods added, preemption dry runs) see the
 	// nodes otherwise than Score will.
