@@ -143,7 +143,7 @@ func (f *feed) onNode(obj any) {
 	if !ok {
 		return
 	}
-	f.records.ensure(n.Name)
+	f.records.track(n)
 	raw, present := n.Annotations[gpuinfo.InventoryAnnotation]
 	changed, err := f.ledger.SetInventory(n.Name, n.ResourceVersion, raw, present)
 	if !changed {

@@ -48,7 +48,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 		}
 	}
 	node := nodeInfo.Node().Name
-	rec := p.records.get(node)
+	rec := p.records.lookup(nodeInfo.Node())
 	if rec != nil {
 		if rec.silentSince(s.silentBefore) {
 			p.wait(node, pod)

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
 )
 
 // nodeRecords keeps what the plugin knows of each node beside the ledger: its
@@ -16,6 +18,13 @@ import (
 type nodeRecords struct {
 	mu     sync.RWMutex
 	byName map[string]*nodeRecord
+	// byObject files each record under the newest node object the node
+	// handler has seen — the informer's, which the scheduler's snapshot
+	// holds too — so that Filter and Score, which look a node up on every
+	// node for every pod, hash a pointer instead of hashing and comparing
+	// the name (about half the cost, docs/performance.md). A snapshot older
+	// or newer than the handler misses it and finds the record by name.
+	byObject map[*v1.Node]*nodeRecord
 	// cycles numbers the scheduling cycles for the score slots.
 	cycles atomic.Uint64
 }
@@ -34,6 +43,9 @@ type nodeRecord struct {
 	// consistentAt is 1 + the snapshot generation at which the ledger was
 	// found consistent with the node's pods (mayBeStale); 0 before.
 	consistentAt atomic.Int64
+	// object is the node object byObject holds the record under (nil for
+	// none); guarded by nodeRecords.mu.
+	object *v1.Node
 }
 
 // scoreBits is how many low bits of a score slot hold the score (0-100).
@@ -46,6 +58,17 @@ func (r *nodeRecords) get(node string) *nodeRecord {
 	return r.byName[node]
 }
 
+// lookup returns the record of the node object, or nil: by the object
+// itself where the node handler has filed the record under it, else by name.
+func (r *nodeRecords) lookup(node *v1.Node) *nodeRecord {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if rec := r.byObject[node]; rec != nil {
+		return rec
+	}
+	return r.byName[node.Name]
+}
+
 // ensure returns the node's record, making it if there is none.
 func (r *nodeRecords) ensure(node string) *nodeRecord {
 	if rec := r.get(node); rec != nil {
@@ -53,6 +76,40 @@ func (r *nodeRecords) ensure(node string) *nodeRecord {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.ensureLocked(node)
+}
+
+// track makes the node's record if there is none and files it under the
+// node object, in place of the object it was filed under before.
+func (r *nodeRecords) track(node *v1.Node) {
+	r.mu.RLock()
+	rec := r.byObject[node]
+	r.mu.RUnlock()
+	if rec != nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec = r.ensureLocked(node.Name)
+	if rec.object == node {
+		return
+	}
+	r.unfileLocked(rec)
+	if r.byObject == nil {
+		r.byObject = map[*v1.Node]*nodeRecord{}
+	}
+	r.byObject[node], rec.object = rec, node
+}
+
+// unfileLocked takes the record out of byObject.
+func (r *nodeRecords) unfileLocked(rec *nodeRecord) {
+	if rec.object != nil {
+		delete(r.byObject, rec.object)
+		rec.object = nil
+	}
+}
+
+func (r *nodeRecords) ensureLocked(node string) *nodeRecord {
 	if r.byName == nil {
 		r.byName = map[string]*nodeRecord{}
 	}
@@ -70,6 +127,7 @@ func (r *nodeRecords) nodeDeleted(node string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if rec := r.byName[node]; rec != nil {
+		r.unfileLocked(rec)
 		if rec.renewed.Load() == 0 {
 			delete(r.byName, node)
 			return
@@ -84,7 +142,10 @@ func (r *nodeRecords) nodeDeleted(node string) {
 func (r *nodeRecords) leaseDeleted(node string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.byName, node)
+	if rec := r.byName[node]; rec != nil {
+		r.unfileLocked(rec)
+		delete(r.byName, node)
+	}
 }
 
 // heartbeat is one node's agent as a node record shows it.

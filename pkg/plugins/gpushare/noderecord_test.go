@@ -5,6 +5,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestNodeRecords(t *testing.T) {
@@ -64,6 +67,54 @@ func TestNodeRecords(t *testing.T) {
 	}
 }
 
+// TestNodeRecordsByObject: a record is found by the node object the node
+// handler saw and, for any other object of the node (a snapshot older or
+// newer than the handler), by name; each node is filed under one object, and
+// nothing stays filed once the node goes.
+func TestNodeRecordsByObject(t *testing.T) {
+	var r nodeRecords
+	first := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1"}}
+	if r.lookup(first) != nil {
+		t.Fatal("a record exists before the handler saw the node")
+	}
+	r.track(first)
+	rec := r.get("n")
+	if rec == nil || r.lookup(first) != rec || r.byObject[first] != rec {
+		t.Fatalf("after track: get = %p, lookup = %p, filed = %p", rec, r.lookup(first), r.byObject[first])
+	}
+	updated := first.DeepCopy()
+	updated.ResourceVersion = "2"
+	if r.lookup(updated) != rec {
+		t.Error("an object the handler has not seen did not find the node's record by name")
+	}
+	r.track(updated)
+	if r.lookup(updated) != rec || r.lookup(first) != rec || r.get("n") != rec {
+		t.Error("the update changed the node's record")
+	}
+	if len(r.byObject) != 1 || r.byObject[updated] != rec {
+		t.Errorf("filed by object after the update: %v; want only the newest object", r.byObject)
+	}
+	if r.lookup(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "other"}}) != nil {
+		t.Error("another node's object found n's record")
+	}
+
+	rec.renewed.Store(time.Now().UnixNano())
+	r.nodeDeleted("n")
+	if len(r.byObject) != 0 || r.get("n") != rec {
+		t.Errorf("after the node's deletion: filed %v, record %p; want nothing filed and the heartbeat kept", r.byObject, r.get("n"))
+	}
+	r.track(updated)
+	r.leaseDeleted("n")
+	if len(r.byObject) != 0 || r.get("n") != nil || r.lookup(updated) != nil {
+		t.Error("the record outlived the node's Lease")
+	}
+	r.track(first)
+	r.nodeDeleted("n")
+	if len(r.byObject) != 0 || r.get("n") != nil {
+		t.Error("a deleted node without a Lease left a record")
+	}
+}
+
 // TestNodeRecordsConcurrently: lookups from many goroutines while handlers
 // make and drop records find every record made and not dropped, and the
 // same record each time.
@@ -71,6 +122,10 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 	var r nodeRecords
 	const nodes = 2000
 	made := make([]*nodeRecord, nodes)
+	objects := make([]*v1.Node, nodes)
+	for i := range objects {
+		objects[i] = &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprint("n", i)}}
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for g := range 8 {
@@ -84,11 +139,16 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 				default:
 				}
 				_ = r.get(fmt.Sprint("n", (i*7+g)%nodes))
+				_ = r.lookup(objects[(i*5+g)%nodes])
 			}
 		}()
 	}
 	for i := range nodes {
+		r.track(objects[i])
 		made[i] = r.ensure(fmt.Sprint("n", i))
+		if i%2 == 0 {
+			r.track(objects[i].DeepCopy()) // an update
+		}
 		if i%3 == 0 {
 			r.leaseDeleted(fmt.Sprint("n", i))
 		}
@@ -102,7 +162,12 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 			t.Errorf("record of n%d found after its Lease was deleted", i)
 		case i%3 != 0 && got != made[i]:
 			t.Errorf("record of n%d = %p, want the one made, %p", i, got, made[i])
+		case r.lookup(objects[i]) != got:
+			t.Errorf("record of n%d by its object = %p, by name %p", i, r.lookup(objects[i]), got)
 		}
+	}
+	if want := nodes - nodes/3 - 1; len(r.byObject) != want {
+		t.Errorf("%d records filed by object, want one per node left, %d", len(r.byObject), want)
 	}
 	if n := len(r.heartbeats()); n != 0 {
 		t.Errorf("%d heartbeats, want none (no Lease renewed)", n)

@@ -86,7 +86,7 @@ func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo, claimNodes map[st
 	if reason, unready := p.unready(node); unready {
 		return shortfall{phrase: "with a GPU agent that cannot enforce assignments", example: node + ": " + truncate(reason, maxQuoted)}
 	}
-	out, err := p.fit(s, nodeInfo, p.records.get(node), allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
+	out, err := p.fit(s, nodeInfo, p.records.lookup(nodeInfo.Node()), allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
 	switch {
 	case errors.Is(err, ledger.ErrNoInventory) && claimNodes[node] != nil:
 		return shortfall{phrase: "whose GPUs are DRA devices, for resource claims only"}

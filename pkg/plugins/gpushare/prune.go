@@ -62,7 +62,7 @@ func (p *Plugin) prune(pod *v1.Pod, s *cycleState) *fwk.PreFilterResult {
 	// kept, as Filter rechecks them (checked outside Read: it asks the
 	// ledger).
 	for _, nodeInfo := range ruledOut {
-		if p.mayBeStale(nodeInfo, p.records.get(nodeInfo.Node().Name)) {
+		if p.mayBeStale(nodeInfo, p.records.lookup(nodeInfo.Node())) {
 			if keep = append(keep, nodeInfo.Node().Name); len(keep)*2 > len(nodes) {
 				return nil
 			}

@@ -49,7 +49,7 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 		}
 		return 0, nil
 	}
-	rec := p.records.get(nodeInfo.Node().Name)
+	rec := p.records.lookup(nodeInfo.Node())
 	if rec != nil && p.scoresFromFilter() {
 		if score, ok := rec.loadScore(s.cycle); ok {
 			return score, nil
