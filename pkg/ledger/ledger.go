@@ -10,8 +10,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+
 	"strings"
 	"sync"
+
+	v1 "k8s.io/api/core/v1"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -35,6 +38,12 @@ type Ledger struct {
 	inventories uint64
 	// kinds numbers the kinds of node seen (kindOf), from 1.
 	kinds map[string]uint32
+	// byObject files each entry under the newest node object whose
+	// inventory it recorded (SetNode): Filter, holding the scheduler's node
+	// object — the informer's, the same pointer — finds the entry and knows
+	// it current by a pointer hash, without hashing the name or comparing
+	// versions (lookup).
+	byObject map[*v1.Node]*node
 }
 
 type node struct {
@@ -53,6 +62,8 @@ type node struct {
 	// seenRV is the resourceVersion of the newest node object whose
 	// inventory annotation the ledger has recorded (or found unchanged).
 	seenRV string
+	// object is the node object byObject files the entry under, or nil.
+	object *v1.Node
 	// kind numbers the node's cards as a placement sees them (kindOf); 0
 	// while it has none.
 	kind uint32
@@ -93,10 +104,35 @@ func (l *Ledger) nodeLocked(name string) *node {
 func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (changed bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := l.nodeLocked(name)
+	return l.setInventoryLocked(l.nodeLocked(name), resourceVersion, raw, present)
+}
+
+// SetNode is SetInventory for a node object, from its name, resourceVersion
+// and annotation; once the ledger holds the object's inventory it files the
+// entry under the object, for lookup.
+func (l *Ledger) SetNode(obj *v1.Node) (changed bool, err error) {
+	raw, present := obj.Annotations[gpuinfo.InventoryAnnotation]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.nodeLocked(obj.Name)
+	changed, err = l.setInventoryLocked(n, obj.ResourceVersion, raw, present)
+	if n.object != obj && n.seenRV != "" && n.seenRV == obj.ResourceVersion {
+		l.unfileLocked(n)
+		if l.byObject == nil {
+			l.byObject = map[*v1.Node]*node{}
+		}
+		l.byObject[obj], n.object = n, obj
+	}
+	return changed, err
+}
+
+func (l *Ledger) setInventoryLocked(n *node, resourceVersion, raw string, present bool) (changed bool, err error) {
 	version, _ := strconv.ParseUint(resourceVersion, 10, 64)
 	if version != 0 && version < n.version {
 		return false, n.errIfInvalid()
+	}
+	if n.object != nil && n.object.ResourceVersion != resourceVersion {
+		l.unfileLocked(n)
 	}
 	if version != 0 {
 		n.seenRV = resourceVersion
@@ -121,6 +157,25 @@ func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (
 	return true, n.errIfInvalid()
 }
 
+// unfileLocked takes the entry out of byObject.
+func (l *Ledger) unfileLocked(n *node) {
+	if n.object != nil {
+		delete(l.byObject, n.object)
+		n.object = nil
+	}
+}
+
+// lookup returns the entry (nil when the ledger has none) for the
+// scheduler's node object and whether it records that object's inventory:
+// by the object itself where it is filed, else by name and comparison.
+func (l *Ledger) lookup(node *v1.Node) (n *node, current bool) {
+	if n := l.byObject[node]; n != nil {
+		return n, true
+	}
+	n = l.nodes[node.Name]
+	return n, n.current(node)
+}
+
 func (n *node) errIfInvalid() error {
 	if n.err == ErrNoInventory {
 		return nil
@@ -138,6 +193,7 @@ func (l *Ledger) DeleteNode(name string) {
 		return
 	}
 	l.inventories++
+	l.unfileLocked(n)
 	if len(n.pods) == 0 {
 		l.uncount(n)
 		delete(l.nodes, name)

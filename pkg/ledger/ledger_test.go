@@ -407,6 +407,48 @@ func TestFitCurrentKnowsStaleInventory(t *testing.T) {
 	}
 }
 
+// TestFitCurrentByNodeObject: an entry filed under the node object SetNode
+// recorded answers for that object, and stops answering for it as soon as a
+// newer version is recorded by either path or the node is deleted; older
+// versions change nothing; another object of the recorded version is
+// answered by name.
+func TestFitCurrentByNodeObject(t *testing.T) {
+	two, four := testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 2)), testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 4))
+	threeCards := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 3, Cores: 100}}}
+	object := func(rv, inventory string) *v1.Node {
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: rv, Annotations: map[string]string{gpuinfo.InventoryAnnotation: inventory}}}
+	}
+	v20, v22, v19 := object("20", four), object("22", four), object("19", two)
+	l := ledger.New()
+	check := func(step string, node *v1.Node, wantFits bool, wantErr error) {
+		t.Helper()
+		out, err := l.FitCurrent(node, threeCards, nil, allocator.Strategy{Policy: allocator.Binpack}, nil)
+		if err != wantErr || out.Fits != wantFits {
+			t.Errorf("%s: FitCurrent(version %s) = fits %v, %v; want fits %v, %v", step, node.ResourceVersion, out.Fits, err, wantFits, wantErr)
+		}
+	}
+	if _, err := l.SetNode(v20); err != nil {
+		t.Fatal(err)
+	}
+	check("recorded", v20, true, nil)
+	if _, err := l.SetInventory("n", "21", two, true); err != nil {
+		t.Fatal(err)
+	}
+	check("a newer version recorded by name", v20, false, ledger.ErrStaleInventory)
+	if _, err := l.SetNode(v22); err != nil {
+		t.Fatal(err)
+	}
+	check("the newest object recorded", v22, true, nil)
+	check("another object of that version", object("22", four), true, nil)
+	if changed, _ := l.SetNode(v19); changed {
+		t.Error("an older node object changed the ledger")
+	}
+	check("after an older object", v22, true, nil)
+	check("the older object itself", v19, false, ledger.ErrStaleInventory)
+	l.DeleteNode("n")
+	check("after the node's deletion", v22, false, ledger.ErrStaleInventory)
+}
+
 func TestUsableCardsByModel(t *testing.T) {
 	l := ledger.New()
 	before := l.InventoryGeneration()

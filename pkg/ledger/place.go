@@ -32,8 +32,8 @@ func (l *Ledger) Fit(nodeName string, req *gpuinfo.PodRequest, deltas []allocato
 func (l *Ledger) FitCurrent(node *v1.Node, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy, idle *IdleFits) (allocator.Outcome, error) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
-	n := l.nodes[node.Name]
-	if !n.current(node) {
+	n, current := l.lookup(node)
+	if !current {
 		return allocator.Outcome{}, ErrStaleInventory
 	}
 	if !n.usesIdleFits(idle, req, deltas, st) {

@@ -87,8 +87,8 @@ func (l *Ledger) Read(fn func(Reader)) {
 // ruling nodes out; Filter gives the exact answer. A node object the ledger
 // has not caught up with (a newer inventory annotation) may hold anything.
 func (r Reader) MayHold(node *v1.Node, c *gpuinfo.ContainerRequest) bool {
-	n := r.l.nodes[node.Name]
-	if !n.current(node) {
+	n, current := r.l.lookup(node)
+	if !current {
 		_, present := node.Annotations[gpuinfo.InventoryAnnotation]
 		return present
 	}

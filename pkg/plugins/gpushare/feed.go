@@ -144,8 +144,7 @@ func (f *feed) onNode(obj any) {
 		return
 	}
 	f.records.track(n)
-	raw, present := n.Annotations[gpuinfo.InventoryAnnotation]
-	changed, err := f.ledger.SetInventory(n.Name, n.ResourceVersion, raw, present)
+	changed, err := f.ledger.SetNode(n)
 	if !changed {
 		return
 	}
@@ -154,6 +153,7 @@ func (f *feed) onNode(obj any) {
 		f.event(n, eventInvalidInventory, "Node's GPU inventory is invalid; its GPUs are not used: %v", err)
 		return
 	}
+	_, present := n.Annotations[gpuinfo.InventoryAnnotation]
 	f.logger.V(4).Info("Node's GPU inventory recorded", "node", klog.KObj(n), "present", present)
 }
 
