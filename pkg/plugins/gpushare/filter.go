@@ -34,9 +34,8 @@ const (
 // Filter admits the node when it advertises enough cards (where
 // NodeResourcesFit leaves that to GPUShare), its GPU agent is reporting and
 // enforcing, and its healthy, selector-matching cards can hold every
-// container at once. It
-// returns every feasible node; the framework and Score pick among them. It
-// does not allocate when the node fits.
+// container at once. It returns every feasible node; the framework and Score
+// pick among them. It does not allocate when the node fits.
 func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := getState(state)
 	if s == nil {
