@@ -27,7 +27,7 @@ func TestIdleFitsAnswerAsPlacing(t *testing.T) {
 	var nodes []*v1.Node
 	add := func(name string, inv *gpuinfo.Inventory) {
 		raw := testutil.MustEncode(inv)
-		if _, err := l.SetInventory(name, "1", raw, true); err != nil {
+		if _, err := l.SetNode(inventoryNode(name, "1", raw)); err != nil {
 			t.Fatal(err)
 		}
 		nodes = append(nodes, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "1", Annotations: map[string]string{gpuinfo.InventoryAnnotation: raw}}})

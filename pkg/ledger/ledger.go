@@ -93,23 +93,15 @@ func (l *Ledger) nodeLocked(name string) *node {
 	return n
 }
 
-// SetInventory records a node's inventory annotation (present reports whether
-// the node has one) as of the node object's resourceVersion; an annotation
-// from an older version than the one recorded is ignored, so updates that
-// arrive out of order never roll the ledger back. It returns whether the
-// stored state changed and the decoding error, if any; a node with an invalid
-// inventory offers no GPUs. Usage is recomputed from the node's pods, so a
-// shrinking inventory frees nothing twice and never leaves a charge on a card
-// that is gone.
-func (l *Ledger) SetInventory(name, resourceVersion, raw string, present bool) (changed bool, err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.setInventoryLocked(l.nodeLocked(name), resourceVersion, raw, present)
-}
-
-// SetNode is SetInventory for a node object, from its name, resourceVersion
-// and annotation; once the ledger holds the object's inventory it files the
-// entry under the object, for lookup.
+// SetNode records a node object's inventory annotation (or that it has
+// none) as of the object's resourceVersion; an annotation from an older
+// version than the one recorded is ignored, so updates that arrive out of
+// order never roll the ledger back. It returns whether the stored state
+// changed and the decoding error, if any; a node with an invalid inventory
+// offers no GPUs. Usage is recomputed from the node's pods, so a shrinking
+// inventory frees nothing twice and never leaves a charge on a card that is
+// gone. Once the ledger holds the object's inventory it files the entry
+// under the object, for lookup.
 func (l *Ledger) SetNode(obj *v1.Node) (changed bool, err error) {
 	raw, present := obj.Annotations[gpuinfo.InventoryAnnotation]
 	l.mu.Lock()

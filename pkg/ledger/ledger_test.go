@@ -179,7 +179,7 @@ func TestLedgerProperties(t *testing.T) {
 			setNode := func(i int) {
 				name := fmt.Sprintf("node-%d", i)
 				inventories[name] = randomInventory(r, i)
-				if _, err := l.SetInventory(name, "", inventories[name], true); err != nil {
+				if _, err := l.SetNode(inventoryNode(name, "", inventories[name])); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -227,7 +227,7 @@ func TestLedgerProperties(t *testing.T) {
 			}
 			rebuilt := ledger.New()
 			for name, raw := range inventories {
-				if _, err := rebuilt.SetInventory(name, "", raw, true); err != nil {
+				if _, err := rebuilt.SetNode(inventoryNode(name, "", raw)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -244,7 +244,7 @@ func TestLedgerProperties(t *testing.T) {
 func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 	l := ledger.New()
 	full := testutil.Inventory("n", "T4", 16384, 4)
-	if _, err := l.SetInventory("n", "", testutil.MustEncode(full), true); err != nil {
+	if _, err := l.SetNode(inventoryNode("n", "", testutil.MustEncode(full))); err != nil {
 		t.Fatal(err)
 	}
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 4, Cores: 100}}}
@@ -253,7 +253,7 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	shrunk := testutil.Inventory("n", "T4", 16384, 2)
-	if _, err := l.SetInventory("n", "", testutil.MustEncode(shrunk), true); err != nil {
+	if _, err := l.SetNode(inventoryNode("n", "", testutil.MustEncode(shrunk))); err != nil {
 		t.Fatal(err)
 	}
 	checkNoOvercommit(t, 0, l)
@@ -261,7 +261,7 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 	if out, _ := l.Fit("n", one, nil, allocator.Strategy{Policy: allocator.Binpack}); out.Fits {
 		t.Error("a card still held by a running pod was offered after the inventory shrank")
 	}
-	if _, err := l.SetInventory("n", "", testutil.MustEncode(full), true); err != nil {
+	if _, err := l.SetNode(inventoryNode("n", "", testutil.MustEncode(full))); err != nil {
 		t.Fatal(err)
 	}
 	l.RemovePod("p")
@@ -274,11 +274,11 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 
 func TestInvalidInventoryOffersNothing(t *testing.T) {
 	l := ledger.New()
-	changed, err := l.SetInventory("n", "", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true)
+	changed, err := l.SetNode(inventoryNode("n", "", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`))
 	if !changed || err == nil {
-		t.Fatalf("SetInventory = %v, %v; want changed with an error", changed, err)
+		t.Fatalf("SetNode = %v, %v; want changed with an error", changed, err)
 	}
-	if changed, _ := l.SetInventory("n", "", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`, true); changed {
+	if changed, _ := l.SetNode(inventoryNode("n", "", `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-5,"cores":100}]}`)); changed {
 		t.Error("the same annotation twice reported a change")
 	}
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1}}}
@@ -304,9 +304,9 @@ func TestInvalidInventoryOffersNothing(t *testing.T) {
 		do   func()
 		want int
 	}{
-		{"inventory valid", func() { l.SetInventory("n", "", valid, true) }, 1},
-		{"second node", func() { l.SetInventory("m", "", valid, true) }, 2},
-		{"inventory invalid", func() { l.SetInventory("n", "", "{", true) }, 1},
+		{"inventory valid", func() { l.SetNode(inventoryNode("n", "", valid)) }, 1},
+		{"second node", func() { l.SetNode(inventoryNode("m", "", valid)) }, 2},
+		{"inventory invalid", func() { l.SetNode(inventoryNode("n", "", "{")) }, 1},
 		{"node deleted", func() { l.DeleteNode("m") }, 0},
 	} {
 		step.do()
@@ -319,10 +319,10 @@ func TestInvalidInventoryOffersNothing(t *testing.T) {
 func TestOlderInventoryIsIgnored(t *testing.T) {
 	l := ledger.New()
 	two, four := testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 2)), testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 4))
-	if changed, _ := l.SetInventory("n", "20", four, true); !changed {
+	if changed, _ := l.SetNode(inventoryNode("n", "20", four)); !changed {
 		t.Fatal("first inventory not recorded")
 	}
-	if changed, _ := l.SetInventory("n", "10", two, true); changed {
+	if changed, _ := l.SetNode(inventoryNode("n", "10", two)); changed {
 		t.Error("an inventory from an older node version replaced a newer one")
 	}
 	if got := len(l.Snapshot()["n"]); got != 4 {
@@ -335,7 +335,7 @@ func TestOlderInventoryIsIgnored(t *testing.T) {
 func TestConcurrentFit(t *testing.T) {
 	l := ledger.New()
 	for i := 0; i < 8; i++ {
-		if _, err := l.SetInventory(fmt.Sprint("n", i), "", testutil.MustEncode(testutil.Inventory(fmt.Sprint(i), "A100", 81920, 8)), true); err != nil {
+		if _, err := l.SetNode(inventoryNode(fmt.Sprint("n", i), "", testutil.MustEncode(testutil.Inventory(fmt.Sprint(i), "A100", 81920, 8)))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -368,6 +368,12 @@ var testWorkload = &allocator.Workload{Shapes: []allocator.Shape{
 	{Weight: 0.2, CPUMilli: 1000, Container: gpuinfo.ContainerRequest{Count: 1, Cores: 25, MemoryMiB: 4096}},
 }}
 
+// inventoryNode is a node object at resourceVersion rv ("" for none) whose
+// inventory annotation is raw.
+func inventoryNode(name, rv, raw string) *v1.Node {
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: rv, Annotations: map[string]string{gpuinfo.InventoryAnnotation: raw}}}
+}
+
 // TestFitCurrentKnowsStaleInventory: FitCurrent answers from the ledger only
 // when it has recorded the node object's inventory annotation, by the
 // object's resourceVersion or, failing that, by the annotation itself.
@@ -395,7 +401,7 @@ func TestFitCurrentKnowsStaleInventory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			l := ledger.New()
 			if tc.recorded != "" {
-				if _, err := l.SetInventory("n", "20", tc.recorded, true); err != nil {
+				if _, err := l.SetNode(inventoryNode("n", "20", tc.recorded)); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -409,16 +415,13 @@ func TestFitCurrentKnowsStaleInventory(t *testing.T) {
 
 // TestFitCurrentByNodeObject: an entry filed under the node object SetNode
 // recorded answers for that object, and stops answering for it as soon as a
-// newer version is recorded by either path or the node is deleted; older
+// newer version is recorded or the node is deleted; older
 // versions change nothing; another object of the recorded version is
 // answered by name.
 func TestFitCurrentByNodeObject(t *testing.T) {
 	two, four := testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 2)), testutil.MustEncode(testutil.Inventory("n", "T4", 16384, 4))
 	threeCards := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 3, Cores: 100}}}
-	object := func(rv, inventory string) *v1.Node {
-		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: rv, Annotations: map[string]string{gpuinfo.InventoryAnnotation: inventory}}}
-	}
-	v20, v22, v19 := object("20", four), object("22", four), object("19", two)
+	v20, v22, v19 := inventoryNode("n", "20", four), inventoryNode("n", "22", four), inventoryNode("n", "19", two)
 	l := ledger.New()
 	check := func(step string, node *v1.Node, wantFits bool, wantErr error) {
 		t.Helper()
@@ -431,15 +434,15 @@ func TestFitCurrentByNodeObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("recorded", v20, true, nil)
-	if _, err := l.SetInventory("n", "21", two, true); err != nil {
+	if _, err := l.SetNode(inventoryNode("n", "21", two)); err != nil {
 		t.Fatal(err)
 	}
-	check("a newer version recorded by name", v20, false, ledger.ErrStaleInventory)
+	check("a newer version recorded", v20, false, ledger.ErrStaleInventory)
 	if _, err := l.SetNode(v22); err != nil {
 		t.Fatal(err)
 	}
 	check("the newest object recorded", v22, true, nil)
-	check("another object of that version", object("22", four), true, nil)
+	check("another object of that version", inventoryNode("n", "22", four), true, nil)
 	if changed, _ := l.SetNode(v19); changed {
 		t.Error("an older node object changed the ledger")
 	}
@@ -455,13 +458,13 @@ func TestUsableCardsByModel(t *testing.T) {
 	inv := testutil.Inventory("a", "Tesla T4", 15360, 3)
 	inv.Cards[1].Healthy = false
 	inv.Cards[2].MIGEnabled = true
-	if _, err := l.SetInventory("a", "", testutil.MustEncode(inv), true); err != nil {
+	if _, err := l.SetNode(inventoryNode("a", "", testutil.MustEncode(inv))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.SetInventory("b", "", testutil.MustEncode(testutil.Inventory("b", "A100", 81920, 2)), true); err != nil {
+	if _, err := l.SetNode(inventoryNode("b", "", testutil.MustEncode(testutil.Inventory("b", "A100", 81920, 2)))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.SetInventory("c", "", "{", true); err == nil {
+	if _, err := l.SetNode(inventoryNode("c", "", "{")); err == nil {
 		t.Fatal("an invalid inventory was accepted")
 	}
 	want := map[string]int{"tesla t4": 1, "a100": 2}
@@ -472,7 +475,7 @@ func TestUsableCardsByModel(t *testing.T) {
 	if after == before {
 		t.Error("the inventory generation did not change with the inventories")
 	}
-	l.SetInventory("b", "", testutil.MustEncode(testutil.Inventory("b", "A100", 81920, 2)), true)
+	l.SetNode(inventoryNode("b", "", testutil.MustEncode(testutil.Inventory("b", "A100", 81920, 2))))
 	if l.InventoryGeneration() != after {
 		t.Error("the same inventory again changed the generation")
 	}

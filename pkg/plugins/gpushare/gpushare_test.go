@@ -372,7 +372,7 @@ func TestBindRejectsCardThatTurnedUnhealthy(t *testing.T) {
 		t.Fatal(s)
 	}
 	inv.Cards[0].Healthy = false
-	h.plugin.ledger.SetInventory("n", "", testutil.MustEncode(inv), true)
+	h.plugin.ledger.SetNode(testutil.GPUNode("n", inv))
 	s := h.plugin.Bind(h.ctx, state, pod, "n")
 	if !s.IsRejected() || !strings.Contains(s.Message(), "became unhealthy") {
 		t.Errorf("Bind = %v, want a rejection naming the unhealthy card", s)
