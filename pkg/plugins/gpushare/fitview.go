@@ -89,10 +89,12 @@ func (v *fitView) narrow(ctx context.Context, state fwk.CycleState, pod *v1.Pod)
 // pod's cards against what the node advertises less what its pods request,
 // with NodeResourcesFit's reason and codes — Unschedulable where removing
 // pods could make room, UnschedulableAndUnresolvable where the node
-// advertises fewer cards than the pod asks for.
+// advertises fewer cards than the pod asks for. A node that does not
+// advertise the count at all (its agent runs without the device plugin) is
+// not checked, as kubelet admits pods there without counting it.
 func (v *fitView) cardCount(cards int64, nodeInfo fwk.NodeInfo) *fwk.Status {
-	allocatable := nodeInfo.GetAllocatable().GetScalarResources()[v.cards]
-	if cards <= allocatable-nodeInfo.GetRequested().GetScalarResources()[v.cards] {
+	allocatable, advertised := nodeInfo.GetAllocatable().GetScalarResources()[v.cards]
+	if !advertised || cards <= allocatable-nodeInfo.GetRequested().GetScalarResources()[v.cards] {
 		return nil
 	}
 	if cards > allocatable {

@@ -27,13 +27,19 @@ import (
 // Filter checks the card count in its stead with NodeResourcesFit's own
 // verdict — the reference is NodeResourcesFit's Filter without GPUShare's
 // PreFilter, which also shows what the narrowing changes: without it the
-// shares fail on the per-card resources.
+// shares fail on the per-card resources. The one intended difference: on a
+// node that does not advertise the card count at all (an agent without its
+// device plugin) GPUShare does not check it, as kubelet does not, where
+// NodeResourcesFit would reject every pod asking for whole cards.
 func TestNodeResourcesFitSeesNoGPUResources(t *testing.T) {
 	names := gpuinfo.DefaultResourceNames()
 	node := st.MakeNode().Name("n").Capacity(map[v1.ResourceName]string{
 		v1.ResourceCPU: "4", v1.ResourceMemory: "8Gi", v1.ResourcePods: "10", names.GPU: "8",
 	}).Annotation(gpuinfo.InventoryAnnotation, testutil.MustEncode(testutil.Inventory("n", "Tesla T4", 16384, 8))).Obj()
 	h := newHarness(t, nil, node)
+	unadvertised := node.DeepCopy()
+	delete(unadvertised.Status.Capacity, names.GPU)
+	delete(unadvertised.Status.Allocatable, names.GPU)
 	args := &schedconfig.NodeResourcesFitArgs{ScoringStrategy: &schedconfig.ScoringStrategy{
 		Type: schedconfig.LeastAllocated, Resources: []schedconfig.ResourceSpec{{Name: "cpu", Weight: 1}},
 	}}
@@ -65,6 +71,8 @@ func TestNodeResourcesFitSeesNoGPUResources(t *testing.T) {
 		pod  *v1.Pod
 		// held puts the holder on the node.
 		held bool
+		// unadvertised puts the pod on the node object without the count.
+		unadvertised bool
 	}{
 		{name: "percent share", pod: pod("percent", map[v1.ResourceName]string{v1.ResourceCPU: "1", names.MemoryPercent: "50", names.Cores: "50"})},
 		{name: "memory share", pod: pod("mib", map[v1.ResourceName]string{v1.ResourceCPU: "1", names.Memory: "4096"})},
@@ -75,6 +83,8 @@ func TestNodeResourcesFitSeesNoGPUResources(t *testing.T) {
 		{name: "more cards than advertised", pod: pod("nine", map[v1.ResourceName]string{names.GPU: "9"})},
 		{name: "init container's cards count", pod: initCards, held: true},
 		{name: "cards and too much CPU", pod: pod("both", map[v1.ResourceName]string{v1.ResourceCPU: "8", names.GPU: "9"})},
+		{name: "cards on a node that advertises none", pod: pod("unadvertised", map[v1.ResourceName]string{names.GPU: "2"}), unadvertised: true},
+		{name: "cards and too much CPU on a node that advertises none", pod: pod("unadvertised-cpu", map[v1.ResourceName]string{v1.ResourceCPU: "8", names.GPU: "2"}), unadvertised: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := tc.pod.DeepCopy()
@@ -82,7 +92,11 @@ func TestNodeResourcesFitSeesNoGPUResources(t *testing.T) {
 			if tc.held {
 				ni = framework.NewNodeInfo(holder)
 			}
-			ni.SetNode(node)
+			if tc.unadvertised {
+				ni.SetNode(unadvertised)
+			} else {
+				ni.SetNode(node)
+			}
 			// The reference: NodeResourcesFit's verdict without GPUShare,
 			// less the per-card resources no node advertises. Where it
 			// still rejects for CPU, the framework stops there and GPUShare
@@ -96,7 +110,9 @@ func TestNodeResourcesFitSeesNoGPUResources(t *testing.T) {
 			if reference != nil {
 				reasons = reference.Reasons()
 			}
-			reasons = slices.DeleteFunc(slices.Clone(reasons), func(r string) bool { return slices.Contains(perCard, r) })
+			reasons = slices.DeleteFunc(slices.Clone(reasons), func(r string) bool {
+				return slices.Contains(perCard, r) || tc.unadvertised && r == "Insufficient "+string(names.GPU)
+			})
 			if others := slices.DeleteFunc(slices.Clone(reasons), func(r string) bool { return r == "Insufficient "+string(names.GPU) }); len(others) > 0 {
 				reasons = others
 			}
