@@ -7,6 +7,7 @@ import (
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
+	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -23,7 +24,14 @@ func (p *Plugin) EventsToRegister(_ context.Context) ([]fwk.ClusterEventWithHint
 	}, nil
 }
 
-// isSchedulableAfterPodDeleted queues the pod when the deleted pod held cards.
+// isSchedulableAfterPodDeleted queues the pod when the deleted pod held cards
+// on a node where the pod's GPUs may now fit. Only that node's cards changed,
+// so when they still cannot hold the pod (counted as Filter counts them,
+// before reservations and nominated pods, which only take room away) the
+// deletion cannot help and the pod stays where it is: on a busy cluster
+// every departure would otherwise send every pending GPU pod through
+// another scheduling cycle. Whatever the ledger cannot answer (a pod it
+// cannot parse, a node it does not know) queues the pod.
 //
 // Hints run in the scheduler's own event handler, right before the pod is
 // moved to the active queue, while the ledger's informer handler runs on its
@@ -36,11 +44,34 @@ func (p *Plugin) isSchedulableAfterPodDeleted(logger klog.Logger, pod *v1.Pod, o
 		return fwk.Queue, nil
 	}
 	p.onPodDelete(deleted)
-	if _, held := deleted.Annotations[gpuinfo.AssignmentAnnotation]; held || p.requestsGPU(deleted) {
-		logger.V(5).Info("A pod holding GPUs went away", "pod", klog.KObj(pod), "deletedPod", klog.KObj(deleted))
-		return fwk.Queue, nil
+	if _, held := deleted.Annotations[gpuinfo.AssignmentAnnotation]; !held && !p.requestsGPU(deleted) {
+		return fwk.QueueSkip, nil
 	}
-	return fwk.QueueSkip, nil
+	if !p.mayFitAfterDeletion(pod, deleted.Spec.NodeName) {
+		logger.V(5).Info("A pod holding GPUs went away from a node that still cannot hold the pod", "pod", klog.KObj(pod), "deletedPod", klog.KObj(deleted))
+		return fwk.QueueSkip, nil
+	}
+	logger.V(5).Info("A pod holding GPUs went away", "pod", klog.KObj(pod), "deletedPod", klog.KObj(deleted))
+	return fwk.Queue, nil
+}
+
+// mayFitAfterDeletion reports whether the pod's GPU request may fit the
+// node's cards as the ledger has them; false only when the ledger knows the
+// node and finds no card of the pod's models or too little room on them.
+func (p *Plugin) mayFitAfterDeletion(pod *v1.Pod, nodeName string) bool {
+	req, err := gpuinfo.ParsePodRequest(pod, p.names)
+	if err != nil || req == nil || nodeName == "" {
+		return true
+	}
+	out, err := p.ledger.Fit(nodeName, req, nil, allocator.Strategy{Policy: p.gpuPolicy})
+	if err != nil || out.Fits {
+		return true
+	}
+	switch out.Failure.Kind {
+	case allocator.NoMatchingCard, allocator.NoCapacity, allocator.TooFewCards:
+		return false
+	}
+	return true
 }
 
 // isSchedulableAfterNodeChange queues the pod when a node's inventory

@@ -477,6 +477,50 @@ func TestQueueingHints(t *testing.T) {
 	}
 }
 
+// TestPodDeletionHintChecksTheNode checks that a GPU pod's departure queues
+// a pending pod only where the freed cards may hold it: on a node the ledger
+// knows, the hint is Filter's verdict on that node, counted independently
+// here from the cards each case leaves.
+func TestPodDeletionHintChecksTheNode(t *testing.T) {
+	card := func(node string, cores int64, mib int64) map[string][]gpuinfo.CardAssignment {
+		return map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-" + node + "-0", MemoryMiB: mib, Cores: cores}}}
+	}
+	node := func(name string) *v1.Node {
+		return st.MakeNode().Name(name).Annotation(gpuinfo.InventoryAnnotation, testutil.MustEncode(testutil.Inventory(name, "A100", 81920, 1))).Obj()
+	}
+	// "single" has one card held whole by "whole"; on "shared" the card is
+	// held whole by "big" and barely by "small", so deleting "small" frees
+	// almost nothing.
+	whole := boundPod("whole", "single", card("single", 100, 81920))
+	big := boundPod("big", "shared", card("shared", 100, 81920))
+	small := boundPod("small", "shared", card("shared", 0, 1))
+	elsewhere := boundPod("elsewhere", "unknown", card("unknown", 100, 81920))
+	share := gpuPod("share", testutil.Share(10240, 10)).Obj()
+	twoCards := gpuPod("two-cards", testutil.Cards(2)).Obj()
+	h100Only := gpuPod("h100-only", testutil.Share(10240, 10)).Annotation(gpuinfo.ModelAnnotation, "H100").Obj()
+	tests := []struct {
+		name    string
+		pending *v1.Pod
+		deleted *v1.Pod
+		want    fwk.QueueingHint
+	}{
+		{"the freed card holds the share", share, whole, fwk.Queue},
+		{"a one-card node cannot hold two cards", twoCards, whole, fwk.QueueSkip},
+		{"no card of the pod's model there", h100Only, whole, fwk.QueueSkip},
+		{"the card stays full after a small pod leaves", share, small, fwk.QueueSkip},
+		{"a node the ledger does not know", share, elsewhere, fwk.Queue},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, node("single"), node("shared"), whole, big, small)
+			got, err := h.plugin.isSchedulableAfterPodDeleted(ktesting.Init(t).Logger(), tc.pending, tc.deleted, nil)
+			if err != nil || got != tc.want {
+				t.Errorf("hint = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
+
 func TestSignPod(t *testing.T) {
 	h := newHarness(t, nil)
 	a, _ := h.plugin.SignPod(h.ctx, gpuPod("a", testutil.Share(1024, 10)).Obj())
