@@ -16,8 +16,12 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/plugins/gpushare"
 )
 
+// binpackProfile is the shipped profile RandomProfile is made from.
+const binpackProfile = "tessera-binpack"
+
 // LoadProfile decodes the shipped scheduler configuration, defaulted and
-// validated as kube-scheduler does, and keeps the named profile only. The
+// validated as kube-scheduler does, and keeps the named profile only
+// (RandomProfile is made from the binpack profile). The
 // agent heartbeat check is turned off: simulated nodes have no agents.
 // GPUShare's Filter runs first, so that a node whose cards cannot hold the
 // pod is rejected before kube-scheduler's own filters run on it: what the
@@ -30,6 +34,9 @@ func LoadProfile(name string) (*schedconfig.KubeSchedulerConfiguration, error) {
 	}
 	names := profileNames(cfg)
 	for _, p := range cfg.Profiles {
+		if name == RandomProfile && p.SchedulerName == binpackProfile {
+			p = randomProfile(p)
+		}
 		if p.SchedulerName != name {
 			continue
 		}
@@ -42,7 +49,7 @@ func LoadProfile(name string) (*schedconfig.KubeSchedulerConfiguration, error) {
 		cfg.Profiles = []schedconfig.KubeSchedulerProfile{p}
 		return cfg, nil
 	}
-	return nil, fmt.Errorf("no profile %q in the shipped scheduler configuration (have %v)", name, names)
+	return nil, fmt.Errorf("no profile %q in the shipped scheduler configuration (have %v, and %q for replays)", name, names, RandomProfile)
 }
 
 // Profiles lists the shipped scheduler profiles.

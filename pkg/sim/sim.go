@@ -104,7 +104,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		scheduler.WithProfiles(schedCfg.Profiles...),
 		scheduler.WithPercentageOfNodesToScore(ptr.To[int32](100)),
 		scheduler.WithParallelism(1),
-		scheduler.WithFrameworkOutOfTreeRegistry(frameworkruntime.Registry{gpushare.Name: newOrderedGPUShare}),
+		scheduler.WithFrameworkOutOfTreeRegistry(registry),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("building the scheduler: %w", err)
@@ -210,6 +210,9 @@ func replayTask(ctx context.Context, client *fake.Clientset, watcher watch.Inter
 		}
 	}
 }
+
+// registry holds the plugins replays add to kube-scheduler's.
+var registry = frameworkruntime.Registry{gpushare.Name: newOrderedGPUShare, randomScoreName: newRandomScore}
 
 // profileNames lists the profiles of a configuration.
 func profileNames(cfg *schedconfig.KubeSchedulerConfiguration) []string {

@@ -2,7 +2,9 @@ package sim_test
 
 import (
 	"fmt"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/kubernetes/test/utils/ktesting"
@@ -121,5 +123,117 @@ func TestReplay(t *testing.T) {
 	}
 	if _, err := sim.Run(tCtx, sim.Config{Nodes: cluster(), Tasks: tasks(), Profile: "default-scheduler"}); err == nil {
 		t.Error("a profile that is not shipped was accepted")
+	}
+}
+
+// timedTasks is tasks with durations: from one to ten minutes, some an
+// hour.
+func timedTasks() []trace.Task {
+	ts := tasks()
+	for i := range ts {
+		ts[i].Duration, ts[i].HasDuration = time.Duration(1+i%10)*time.Minute, true
+		if i%17 == 0 {
+			ts[i].Duration = time.Hour
+		}
+	}
+	return ts
+}
+
+func TestArrivalTimes(t *testing.T) {
+	ts := timedTasks()
+	const capacity = 56000
+	for _, load := range []float64{0.25, 0.5, 1} {
+		times, err := sim.ArrivalTimes(ts, capacity, load, 42)
+		if err != nil {
+			t.Fatalf("load %v: %v", load, err)
+		}
+		// The offered load, computed here minute by minute over the
+		// window: each task asks its GPU from arrival for its duration.
+		window := times[len(times)-1]
+		var sum float64
+		steps := 0
+		for at := time.Duration(0); at <= window; at += window / 1000 {
+			var asked int64
+			for i, task := range ts {
+				if times[i] <= at && at < times[i]+task.Duration {
+					asked += task.GPUMilliTotal()
+				}
+			}
+			sum += float64(asked) / capacity
+			steps++
+		}
+		if got := sum / float64(steps); math.Abs(got-load) > 0.05*load {
+			t.Errorf("load %v: the arrivals offer %.3f of capacity on average", load, got)
+		}
+		for i := 1; i < len(times); i++ {
+			if times[i] < times[i-1] {
+				t.Fatalf("load %v: arrival %d at %s before arrival %d at %s", load, i, times[i], i-1, times[i-1])
+			}
+		}
+	}
+	if _, err := sim.ArrivalTimes(ts, capacity, 1000, 42); err == nil {
+		t.Error("a load the tasks cannot offer was accepted")
+	}
+}
+
+// TestDepartures replays tasks that leave, under light and heavy load, and
+// checks the accounting against the pods' own record: allocation never
+// above what is offered nor capacity, every arrival placed or waiting,
+// pods wait under overload and hardly at all under light load, and a seed
+// replays identically.
+func TestDepartures(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	for _, tc := range []struct {
+		profile string
+		load    float64
+	}{
+		{"tessera-fragmentation-aware", 0.3},
+		{"tessera-binpack", 1.2},
+		{sim.RandomProfile, 1.2},
+	} {
+		t.Run(fmt.Sprintf("%s-%v", tc.profile, tc.load), func(t *testing.T) {
+			cfg := sim.DeparturesConfig{Nodes: cluster(), Tasks: timedTasks(), Seed: 7, Profile: tc.profile, Load: tc.load}
+			res, err := sim.RunDepartures(tCtx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Tasks != res.Placed+res.StillPending || res.Departed == 0 || res.Departed > res.Placed || len(res.Waits) != res.Placed {
+				t.Fatalf("%d tasks, %d placed, %d departed, %d still pending, %d waits: inconsistent", res.Tasks, res.Placed, res.Departed, res.StillPending, len(res.Waits))
+			}
+			if len(res.Allocation) != sim.DepartureSamples+1 {
+				t.Fatalf("%d samples, want %d", len(res.Allocation), sim.DepartureSamples+1)
+			}
+			for i, a := range res.Allocation {
+				if a < 0 || a > 100 || a > res.Offered[i]+1e-9 {
+					t.Fatalf("sample %d: allocation %.2f%% with %.2f%% offered", i, a, res.Offered[i])
+				}
+			}
+			waited := 0
+			for _, w := range res.Waits {
+				if w < 0 {
+					t.Fatalf("a negative wait %s", w)
+				}
+				if w > 0 {
+					waited++
+				}
+			}
+			if tc.load < 1 && (waited > res.Placed/10 || res.StillPending > 0) {
+				t.Errorf("at load %v, %d of %d placed pods waited and %d still wait", tc.load, waited, res.Placed, res.StillPending)
+			}
+			if tc.load > 1 && waited == 0 {
+				t.Errorf("at load %v no pod waited", tc.load)
+			}
+			again, err := sim.RunDepartures(tCtx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(res.Waits, again.Waits); diff != "" {
+				t.Errorf("same seed, other waits (-first,+second):\n%s", diff)
+			}
+		})
+	}
+	untimed := sim.DeparturesConfig{Nodes: cluster(), Tasks: tasks(), Seed: 7, Profile: "tessera-binpack", Load: 1}
+	if _, err := sim.RunDepartures(tCtx, untimed); err == nil {
+		t.Error("tasks without durations were accepted")
 	}
 }

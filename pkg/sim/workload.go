@@ -20,6 +20,11 @@ const MaxArrivedPercent = 130
 // GPU request reaches Padding times capacityMilli. Padded copies get a
 // numbered name. The same seed gives the same sequence.
 func Arrivals(tasks []trace.Task, capacityMilli int64, seed uint64) []trace.Task {
+	return padded(tasks, capacityMilli, seed, Padding)
+}
+
+// padded is Arrivals padded to padding times capacityMilli.
+func padded(tasks []trace.Task, capacityMilli int64, seed uint64, padding float64) []trace.Task {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	out := make([]trace.Task, len(tasks))
 	copy(out, tasks)
@@ -28,7 +33,7 @@ func Arrivals(tasks []trace.Task, capacityMilli int64, seed uint64) []trace.Task
 	for _, t := range out {
 		total += t.GPUMilliTotal()
 	}
-	target := int64(float64(capacityMilli) * Padding)
+	target := int64(float64(capacityMilli) * padding)
 	for n := 0; total < target && len(tasks) > 0; n++ {
 		t := tasks[rng.IntN(len(tasks))]
 		t.Name = fmt.Sprintf("%s-r%d", t.Name, n)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -38,6 +39,10 @@ type Task struct {
 	GPUMilli int64
 	// GPUSpec lists the models the task may run on; empty means any.
 	GPUSpec []string
+	// Duration is how long the task ran (deletion_time − creation_time),
+	// when the list has both columns; HasDuration says it does.
+	Duration    time.Duration
+	HasDuration bool
 }
 
 // CardMemoryMiB is the memory assumed per card model. The trace does not give
@@ -73,7 +78,8 @@ func ReadNodes(r io.Reader) ([]Node, error) {
 }
 
 // ReadTasks parses a task list (columns name,cpu_milli,memory_mib,num_gpu,
-// gpu_milli and optionally gpu_spec; the others are ignored).
+// gpu_milli and optionally gpu_spec, creation_time and deletion_time; the
+// others are ignored).
 func ReadTasks(r io.Reader) ([]Task, error) {
 	rows, err := readCSV(r, "name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 	if err != nil {
@@ -89,6 +95,9 @@ func ReadTasks(r io.Reader) ([]Task, error) {
 		t.NumGPU = int(numGPU)
 		if spec := row["gpu_spec"]; spec != "" {
 			t.GPUSpec = strings.Split(spec, "|")
+		}
+		if err := parseDuration(i, row, &t); err != nil {
+			return nil, err
 		}
 		if t.NumGPU < 0 || t.NumGPU > gpuinfo.MaxCardsPerNode || t.GPUMilli < 0 || t.GPUMilli > 1000 || (t.GPUMilli < 1000 && t.NumGPU > 1) {
 			return nil, fmt.Errorf("row %d (%s): num_gpu %d with gpu_milli %d is not a task the trace describes", i+2, t.Name, t.NumGPU, t.GPUMilli)
@@ -173,6 +182,23 @@ func readCSV(r io.Reader, required ...string) ([]map[string]string, error) {
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// parseDuration sets the task's duration from its creation and deletion
+// times (seconds), when the row has both.
+func parseDuration(i int, row map[string]string, t *Task) error {
+	if row["creation_time"] == "" || row["deletion_time"] == "" {
+		return nil
+	}
+	var created, deleted int64
+	if err := parseInts(i, row, map[string]*int64{"creation_time": &created, "deletion_time": &deleted}); err != nil {
+		return err
+	}
+	if deleted < created {
+		return fmt.Errorf("row %d (%s): deletion_time %d is before creation_time %d", i+2, t.Name, deleted, created)
+	}
+	t.Duration, t.HasDuration = time.Duration(deleted-created)*time.Second, true
+	return nil
 }
 
 func parseInts(i int, row map[string]string, dst map[string]*int64) error {

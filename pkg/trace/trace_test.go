@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
@@ -116,17 +117,42 @@ cpu,4000,8192,0,0,
 	}
 }
 
+func TestTaskDurations(t *testing.T) {
+	tasks, err := ReadTasks(strings.NewReader(`name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time
+ran,6000,12288,1,500,100,700
+instant,6000,12288,1,500,9,9
+untimed,6000,12288,1,500,,
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type duration struct {
+		D   time.Duration
+		Has bool
+	}
+	var got []duration
+	for _, task := range tasks {
+		got = append(got, duration{task.Duration, task.HasDuration})
+	}
+	want := []duration{{600 * time.Second, true}, {0, true}, {0, false}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("durations (-want,+got):\n%s", diff)
+	}
+}
+
 func TestReadErrors(t *testing.T) {
 	for name, tc := range map[string]struct {
 		nodes   bool
 		input   string
 		wantErr string
 	}{
-		"missing column": {false, "name,cpu_milli\nx,1\n", `missing column "memory_mib"`},
-		"not a number":   {false, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,2,one,0\n", "row 2: column num_gpu"},
-		"shared multi":   {false, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,2,2,500\n", "not a task the trace describes"},
-		"unknown model":  {true, "sn,cpu_milli,memory_mib,gpu,model\nn,1,2,8,H999\n", `unknown GPU model "H999"`},
-		"empty":          {true, "", "empty file"},
+		"missing column":         {false, "name,cpu_milli\nx,1\n", `missing column "memory_mib"`},
+		"not a number":           {false, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,2,one,0\n", "row 2: column num_gpu"},
+		"shared multi":           {false, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\nx,1,2,2,500\n", "not a task the trace describes"},
+		"deleted before created": {false, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\nx,1,2,1,1000,50,40\n", "deletion_time 40 is before creation_time 50"},
+		"bad time":               {false, "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,deletion_time\nx,1,2,1,1000,soon,40\n", "column creation_time"},
+		"unknown model":          {true, "sn,cpu_milli,memory_mib,gpu,model\nn,1,2,8,H999\n", `unknown GPU model "H999"`},
+		"empty":                  {true, "", "empty file"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var err error

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -59,6 +60,12 @@ type Plugin struct {
 
 // Name returns the plugin's name.
 func (p *Plugin) Name() string { return Name }
+
+// HoldsCards reports whether the plugin's ledger still records cards for the
+// pod. The ledger learns of deletions on its own informer handler, after the
+// scheduler's cache may have: a replay that must see a departure everywhere
+// before it goes on waits for this to turn false.
+func (p *Plugin) HoldsCards(uid types.UID) bool { return p.ledger.Holds(uid) }
 
 // New builds the plugin from its (internal, defaulted) args. Args that fail
 // validation stop the scheduler from starting, with field paths in the error.

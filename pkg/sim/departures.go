@@ -1,0 +1,477 @@
+package sim
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/events"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	"k8s.io/kubernetes/pkg/scheduler/profile"
+	testingclock "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/pkg/plugins/gpushare"
+	"github.com/tessera-gpu/tessera/pkg/trace"
+)
+
+// DeparturePadding is how far a departures replay's arrivals extend: tasks
+// are resampled until their GPU request is this many times the capacity,
+// enough for an offered load above the capacity (see ArrivalTimes).
+const DeparturePadding = 3
+
+// DepartureSamples is how many equal steps of the arrival window a
+// departures replay samples allocation, offered load and pending pods at
+// (DepartureSamples+1 samples, both ends included).
+const DepartureSamples = 100
+
+// DeparturesConfig is a replay in which tasks also leave.
+type DeparturesConfig struct {
+	// Nodes, Tasks, Seed and Profile are as in Config; every task needs a
+	// duration (trace.Task.HasDuration).
+	Nodes   []trace.Node
+	Tasks   []trace.Task
+	Seed    uint64
+	Profile string
+	// Load is the offered GPU load as a fraction of capacity (ArrivalTimes).
+	Load float64
+	// Progress, when set, is called after each arrival with the number
+	// arrived and the total.
+	Progress func(done, total int)
+}
+
+// DeparturesResult is a departures replay's outcome. Times are the replay's
+// virtual time, from the trace's durations.
+type DeparturesResult struct {
+	Profile   string
+	Seed      uint64
+	Load      float64
+	TotalGPUs int
+	// Window is the time from the start to the last arrival, where the
+	// replay ends.
+	Window time.Duration
+	// Allocation is the GPU held by running tasks and Offered the GPU asked
+	// by tasks arrived and not finished (running or waiting), both in
+	// percent of capacity, and Pending the pods waiting, at each of
+	// DepartureSamples+1 equal steps of the window.
+	Allocation, Offered []float64
+	Pending             []int
+	// Waits is how long each placed task waited for its node, in arrival
+	// order; MultiCardWaits those of tasks asking two cards or more.
+	Waits, MultiCardWaits []time.Duration
+	// Tasks arrived; Placed got a node; Departed ran their duration and
+	// left; StillPending were waiting when the window ended.
+	Tasks, Placed, Departed, StillPending int
+	Elapsed                               time.Duration
+}
+
+// MeanAllocation is the mean of the allocation samples over the second half
+// of the window, once the cluster has filled.
+func (r *DeparturesResult) MeanAllocation() float64 {
+	var sum float64
+	half := r.Allocation[len(r.Allocation)/2:]
+	for _, a := range half {
+		sum += a
+	}
+	return sum / float64(len(half))
+}
+
+// ArrivalTimes spaces the tasks (in order) as a Poisson process of the seed
+// whose rate makes the offered GPU load, averaged over the arrival window,
+// load times the capacity. The offered load at a moment is the GPU asked by
+// the tasks arrived by then whose duration has not run out since they
+// arrived: what the cluster would hold if every task started on arrival.
+// The trace's own creation times cannot be used as they are: its tasks
+// spread over months and never load a cluster of its size, and
+// compressing them uniformly leaves their overlaps as they were.
+func ArrivalTimes(tasks []trace.Task, capacityMilli int64, load float64, seed uint64) ([]time.Duration, error) {
+	if len(tasks) == 0 || capacityMilli <= 0 || !(load > 0) {
+		return nil, fmt.Errorf("arrival times: need tasks, capacity and a load above 0 (load %v)", load)
+	}
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	units := make([]float64, len(tasks))
+	var at float64
+	for i := range units {
+		at += rng.ExpFloat64()
+		units[i] = at
+	}
+	offered := func(scale float64) float64 {
+		window := scale * units[len(units)-1]
+		var gpuSeconds float64
+		for i, t := range tasks {
+			gpuSeconds += float64(t.GPUMilliTotal()) * min(t.Duration.Seconds(), window-scale*units[i])
+		}
+		return gpuSeconds / window / float64(capacityMilli)
+	}
+	// The offered load falls as arrivals spread out; its upper bound is
+	// every task arriving at once.
+	lo, hi := 1e-9, 1e12
+	if most := offered(lo); most < load {
+		return nil, fmt.Errorf("%d tasks cannot offer a load of %.2f: at most %.2f", len(tasks), load, most)
+	}
+	for range 200 {
+		mid := math.Sqrt(lo * hi)
+		if offered(mid) > load {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	times := make([]time.Duration, len(units))
+	for i, u := range units {
+		times[i] = time.Duration(lo * u * float64(time.Second))
+	}
+	return times, nil
+}
+
+// live is one arrived task of a departures replay.
+type live struct {
+	index   int
+	task    trace.Task
+	pod     *v1.Pod
+	arrived time.Duration
+}
+
+// departure is when a running task leaves; seq orders departures at the
+// same moment.
+type departure struct {
+	at   time.Duration
+	seq  int
+	name string
+}
+
+type departureHeap []departure
+
+func (h departureHeap) Len() int { return len(h) }
+func (h departureHeap) Less(i, j int) bool {
+	return h[i].at < h[j].at || (h[i].at == h[j].at && h[i].seq < h[j].seq)
+}
+func (h departureHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *departureHeap) Push(x any)   { *h = append(*h, x.(departure)) }
+func (h *departureHeap) Pop() any {
+	old := *h
+	d := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return d
+}
+
+// virtualClock is the scheduling queue's clock in a departures replay: the
+// replay's virtual time, moved by the replay. Each reading is later than
+// the one before, so that pods the queue stamps at one virtual moment keep
+// the order in which they were stamped (kube-scheduler orders pods of equal
+// priority by that stamp), and a replay is reproducible.
+type virtualClock struct {
+	*testingclock.FakeClock
+	mu   sync.Mutex
+	last time.Time
+}
+
+func newVirtualClock(start time.Time) *virtualClock {
+	return &virtualClock{FakeClock: testingclock.NewFakeClock(start), last: start}
+}
+
+// Now returns the virtual time, a nanosecond past the last reading if it
+// has not moved since.
+func (c *virtualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.FakeClock.Now()
+	if !now.After(c.last) {
+		now = c.last.Add(time.Nanosecond)
+	}
+	c.last = now
+	return now
+}
+
+// Since is the time from t to Now.
+func (c *virtualClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// neverFlushed keeps unschedulable pods waiting for an event that may help
+// them, instead of kube-scheduler's five minutes, and backoff is off: on a
+// virtual clock the flushes would happen at moments set by the wall clock.
+const neverFlushed = 100 * 365 * 24 * time.Hour
+
+// departuresReplay is the state of one departures replay.
+type departuresReplay struct {
+	ctx        context.Context
+	client     *fake.Clientset
+	sched      *scheduler.Scheduler
+	queue      *pacedQueue
+	gpuShare   *orderedGPUShare
+	watcher    watch.Interface
+	clock      *virtualClock
+	start      time.Time
+	capacity   int64
+	pending    map[string]*live
+	running    map[string]*live
+	departures departureHeap
+	seq        int
+	// waits is each arrival's wait for its node, -1 while it has none.
+	waits []time.Duration
+	res   *DeparturesResult
+	// heldMilli and askedMilli are the GPU of running tasks, and of running
+	// and waiting ones.
+	heldMilli, askedMilli int64
+	nextSample            int
+}
+
+// RunDepartures replays the trace with departures: tasks arrive at
+// ArrivalTimes, wait until the scheduler places them, run for their trace
+// duration and leave. The replay ends at the last arrival. Unlike Run it
+// reports what an operator watches: allocation over time against the load
+// offered, and how long pods waited.
+func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult, error) {
+	begin := time.Now()
+	for _, t := range cfg.Tasks {
+		if !t.HasDuration {
+			return nil, fmt.Errorf("task %s has no duration: a departures replay needs task lists with creation_time and deletion_time", t.Name)
+		}
+	}
+	nodes := GPUNodes(cfg.Nodes)
+	capacity := CapacityMilli(nodes)
+	if capacity == 0 {
+		return nil, fmt.Errorf("the trace has no GPU nodes")
+	}
+	arrivals := padded(cfg.Tasks, capacity, cfg.Seed, DeparturePadding)
+	times, err := ArrivalTimes(arrivals, capacity, cfg.Load, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	schedCfg, err := LoadProfile(cfg.Profile)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := &departuresReplay{
+		ctx: ctx, client: fake.NewSimpleClientset(), start: time.Unix(0, 0), capacity: capacity,
+		pending: map[string]*live{}, running: map[string]*live{},
+		res: &DeparturesResult{Profile: cfg.Profile, Seed: cfg.Seed, Load: cfg.Load, TotalGPUs: int(capacity / 1000), Window: times[len(times)-1]},
+	}
+	r.clock = newVirtualClock(r.start)
+	r.waits = make([]time.Duration, len(arrivals))
+	for i := range r.waits {
+		r.waits[i] = -1
+	}
+	r.client.PrependReactor("create", "pods", bindReactor(r.client.Tracker()))
+	informers := scheduler.NewInformerFactory(r.client, 0, nil)
+	recorders := profile.RecorderFactory(func(string) events.EventRecorderLogger { return &events.FakeRecorder{} })
+	r.sched, err = scheduler.New(ctx, r.client, informers, nil, recorders,
+		scheduler.WithProfiles(schedCfg.Profiles...),
+		scheduler.WithPercentageOfNodesToScore(ptr.To[int32](100)),
+		scheduler.WithParallelism(1),
+		scheduler.WithClock(r.clock),
+		scheduler.WithPodMaxInUnschedulablePodsDuration(neverFlushed),
+		scheduler.WithPodMaxBackoffSeconds(0),
+		scheduler.WithFrameworkOutOfTreeRegistry(r.registry()),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("building the scheduler: %w", err)
+	}
+	r.queue = pace(ctx, r.sched)
+	informers.Start(ctx.Done())
+	informers.WaitForCacheSync(ctx.Done())
+	go r.sched.Run(ctx)
+	if err := addNodes(ctx, r.client, r.sched, nodes); err != nil {
+		return nil, err
+	}
+	if r.watcher, err = r.client.CoreV1().Pods(namespace).Watch(ctx, metav1.ListOptions{}); err != nil {
+		return nil, err
+	}
+	defer r.watcher.Stop()
+
+	for i, t := range arrivals {
+		for len(r.departures) > 0 && r.departures[0].at <= times[i] {
+			d := heap.Pop(&r.departures).(departure)
+			if err := r.depart(d); err != nil {
+				return nil, err
+			}
+		}
+		if err := r.arrive(t, i, times[i], cfg.Profile); err != nil {
+			return nil, err
+		}
+		if cfg.Progress != nil {
+			cfg.Progress(i+1, len(arrivals))
+		}
+	}
+	r.sample(r.res.Window)
+	for i, w := range r.waits {
+		if w < 0 {
+			continue
+		}
+		r.res.Waits = append(r.res.Waits, w)
+		if arrivals[i].NumGPU > 1 {
+			r.res.MultiCardWaits = append(r.res.MultiCardWaits, w)
+		}
+	}
+	r.res.Tasks, r.res.StillPending = len(arrivals), len(r.pending)
+	r.res.Elapsed = time.Since(begin)
+	return r.res, nil
+}
+
+// registry is the replay's plugins, keeping the GPUShare instance the
+// scheduler builds (during scheduler.New: the one profile's).
+func (r *departuresReplay) registry() frameworkruntime.Registry {
+	reg := frameworkruntime.Registry{}
+	for name, factory := range registry {
+		reg[name] = factory
+	}
+	reg[gpushare.Name] = func(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
+		p, err := newOrderedGPUShare(ctx, obj, h)
+		if err == nil {
+			r.gpuShare = p.(*orderedGPUShare)
+		}
+		return p, err
+	}
+	return reg
+}
+
+// advance samples the state up to at and moves the clock there.
+func (r *departuresReplay) advance(at time.Duration) {
+	r.sample(at)
+	r.clock.SetTime(r.start.Add(at))
+}
+
+// sample records the state at every sample point up to at (inclusive when
+// at is the window's end).
+func (r *departuresReplay) sample(at time.Duration) {
+	window := r.res.Window
+	for r.nextSample <= DepartureSamples {
+		point := time.Duration(float64(window) * float64(r.nextSample) / DepartureSamples)
+		if point > at || (point == at && at < window) {
+			return
+		}
+		r.res.Allocation = append(r.res.Allocation, float64(r.heldMilli)*100/float64(r.capacity))
+		r.res.Offered = append(r.res.Offered, float64(r.askedMilli)*100/float64(r.capacity))
+		r.res.Pending = append(r.res.Pending, len(r.pending))
+		r.nextSample++
+	}
+}
+
+// arrive creates task i's pod at its arrival time and waits for the
+// scheduler to settle.
+func (r *departuresReplay) arrive(t trace.Task, i int, at time.Duration, profileName string) error {
+	r.advance(at)
+	p := pod(t, i, profileName)
+	if _, err := r.client.CoreV1().Pods(namespace).Create(r.ctx, p, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	r.pending[p.Name] = &live{index: i, task: t, pod: p, arrived: at}
+	r.askedMilli += t.GPUMilliTotal()
+	return r.settle(at)
+}
+
+// depart deletes a running task's pod when its duration has run out and
+// waits for the scheduler to settle: pods waiting for room may take it.
+func (r *departuresReplay) depart(d departure) error {
+	r.advance(d.at)
+	l := r.running[d.name]
+	delete(r.running, d.name)
+	r.heldMilli -= l.task.GPUMilliTotal()
+	r.askedMilli -= l.task.GPUMilliTotal()
+	r.res.Departed++
+	if err := r.client.CoreV1().Pods(namespace).Delete(r.ctx, d.name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	// The scheduler's delete handler drops the pod from its cache and then
+	// moves the pods the departure may help; GPUShare's ledger drops it on
+	// a handler of its own. Settling starts once both have.
+	gone := func() bool {
+		return r.queue.deletions.Load() == int64(r.res.Departed) && !r.gpuShare.HoldsCards(l.pod.UID)
+	}
+	if err := r.waitFor(gone); err != nil {
+		return fmt.Errorf("waiting for the scheduler to see pod %s leave: %w", d.name, err)
+	}
+	return r.settle(d.at)
+}
+
+// settle waits until the scheduler has done what it can at virtual time
+// now: every waiting pod is back among the unschedulable ones, none is
+// queued, in flight or binding, and the cache holds exactly the running
+// pods. Pods bound meanwhile start running now, taken in arrival order:
+// bindings run concurrently and reach the watch in any order.
+func (r *departuresReplay) settle(now time.Duration) error {
+	queue := r.sched.SchedulingQueue
+	var bound []*live
+	err := r.waitFor(func() bool {
+		bound = r.collectBindings(bound)
+		return len(queue.PodsInActiveQ()) == 0 && len(queue.PodsInBackoffQ()) == 0 && len(queue.InFlightPods()) == 0 &&
+			len(queue.UnschedulablePods()) == len(r.pending) && r.cachedPods() == len(r.running)
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the scheduler to settle at %s (%d pods waiting, %d running): %w", now, len(r.pending), len(r.running), err)
+	}
+	slices.SortFunc(bound, func(a, b *live) int { return a.index - b.index })
+	for _, l := range bound {
+		r.waits[l.index] = now - l.arrived
+		r.seq++
+		heap.Push(&r.departures, departure{at: now + l.task.Duration, seq: r.seq, name: l.pod.Name})
+	}
+	return nil
+}
+
+// collectBindings takes the pods bound since the last look off the watch,
+// moves them from pending to running and appends them to bound.
+func (r *departuresReplay) collectBindings(bound []*live) []*live {
+	for {
+		select {
+		case ev, ok := <-r.watcher.ResultChan():
+			if !ok {
+				return bound
+			}
+			p, isPod := ev.Object.(*v1.Pod)
+			if !isPod || p.Spec.NodeName == "" || ev.Type == watch.Deleted {
+				continue
+			}
+			l := r.pending[p.Name]
+			if l == nil {
+				continue
+			}
+			delete(r.pending, p.Name)
+			l.pod = p
+			r.running[p.Name] = l
+			r.heldMilli += l.task.GPUMilliTotal()
+			r.res.Placed++
+			bound = append(bound, l)
+		default:
+			return bound
+		}
+	}
+}
+
+// cachedPods is how many pods the scheduler's cache holds (bound or
+// assumed).
+func (r *departuresReplay) cachedPods() int {
+	n, err := r.sched.Cache.PodCount()
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// waitFor polls cond until it holds, for at most taskTimeout.
+func (r *departuresReplay) waitFor(cond func() bool) error {
+	deadline := time.Now().Add(taskTimeout)
+	for !cond() {
+		if err := r.ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s", taskTimeout)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package sim
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler"
+	internalqueue "k8s.io/kubernetes/pkg/scheduler/backend/queue"
+	"k8s.io/kubernetes/pkg/scheduler/framework"
+)
+
+// pacedQueue is the scheduling queue of a departures replay, made
+// reproducible. kube-scheduler's queue moves the pods an event may help
+// one at a time and wakes the scheduling loop after the last, but a loop
+// that was not asleep yet pops the first pod moved rather than the first in
+// the queue's order, and which pod is moved first depends on map order.
+// pacedQueue makes moving and popping exclusive: the loop pops only when a
+// pod is queued, and never while a move is under way. It also counts the
+// moves made for deleted assigned pods, which a departure waits for.
+//
+// Pods reach the active queue only through the methods wrapped here:
+// departures replays turn off backoff and the periodic flush of
+// unschedulable pods.
+type pacedQueue struct {
+	internalqueue.SchedulingQueue
+	pop       func(klog.Logger) (framework.QueuedEntityInfo, error)
+	mu        sync.Mutex
+	queued    *sync.Cond
+	closed    bool
+	deletions atomic.Int64
+}
+
+// pace puts a pacedQueue between the scheduler and its queue. It must be
+// called before the scheduler's informers start or its loop runs.
+func pace(ctx context.Context, sched *scheduler.Scheduler) *pacedQueue {
+	q := &pacedQueue{SchedulingQueue: sched.SchedulingQueue, pop: sched.NextEntity}
+	q.queued = sync.NewCond(&q.mu)
+	sched.SchedulingQueue, sched.NextEntity = q, q.next
+	go func() {
+		<-ctx.Done()
+		q.wake(func() { q.closed = true })
+	}()
+	return q
+}
+
+// next is the scheduling loop's pop: it waits, outside the queue, until a
+// pod is active, then pops it with no move under way.
+func (q *pacedQueue) next(logger klog.Logger) (framework.QueuedEntityInfo, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for !q.closed && len(q.PodsInActiveQ()) == 0 {
+		q.queued.Wait()
+	}
+	return q.pop(logger)
+}
+
+// wake runs change with popping held off, then wakes the loop.
+func (q *pacedQueue) wake(change func()) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	change()
+	q.queued.Broadcast()
+}
+
+// Add queues a new pod.
+func (q *pacedQueue) Add(ctx context.Context, pod *v1.Pod) {
+	q.wake(func() { q.SchedulingQueue.Add(ctx, pod) })
+}
+
+// Update updates a queued pod, which may make it active.
+func (q *pacedQueue) Update(ctx context.Context, oldPod, newPod *v1.Pod) {
+	q.wake(func() { q.SchedulingQueue.Update(ctx, oldPod, newPod) })
+}
+
+// Activate makes the given pods active.
+func (q *pacedQueue) Activate(logger klog.Logger, pods map[string]*v1.Pod) {
+	q.wake(func() { q.SchedulingQueue.Activate(logger, pods) })
+}
+
+// AddUnschedulablePodIfNotPresent returns a pod after a failed attempt; events
+// seen during the attempt may make it active again.
+func (q *pacedQueue) AddUnschedulablePodIfNotPresent(logger klog.Logger, pInfo *framework.QueuedPodInfo, cycle int64) error {
+	var err error
+	q.wake(func() { err = q.SchedulingQueue.AddUnschedulablePodIfNotPresent(logger, pInfo, cycle) })
+	return err
+}
+
+// MoveAllToActiveOrBackoffQueue moves the pods the event may help, as one
+// step, and counts assigned-pod deletions.
+func (q *pacedQueue) MoveAllToActiveOrBackoffQueue(logger klog.Logger, event fwk.ClusterEvent, oldObj, newObj any, preCheck internalqueue.PreEnqueueCheck) {
+	q.wake(func() { q.SchedulingQueue.MoveAllToActiveOrBackoffQueue(logger, event, oldObj, newObj, preCheck) })
+	if event.Label() == framework.EventAssignedPodDelete.Label() {
+		q.deletions.Add(1)
+	}
+}
