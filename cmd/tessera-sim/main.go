@@ -2,7 +2,9 @@
 // Tessera's plugin and shipped profiles, following the FGD artifact's
 // protocol, and writes the allocation curves (the artifact's CSV layout), a
 // table of unallocated GPU at arrived = 100 % beside the artifact's figures,
-// and one plot per trace. See docs/performance.md.
+// and one plot per trace. With --departures tasks also leave after their
+// trace duration, and it writes allocation over time and pod waits instead.
+// See docs/performance.md.
 package main
 
 import (
@@ -36,6 +38,10 @@ const (
 	artifactFile = "fgd_artifact_allocation.csv"
 	resultsFile  = "allocation.csv"
 	tableFile    = "summary.md"
+	// departuresFile and departuresTableFile are --departures' results and
+	// table.
+	departuresFile      = "departures.csv"
+	departuresTableFile = "departures.md"
 )
 
 type options struct {
@@ -47,18 +53,22 @@ type options struct {
 	out        string
 	plotFormat string
 	reportOnly bool
+	departures bool
+	load       float64
 }
 
 func main() {
 	var o options
 	flag.StringVar(&o.traces, "traces", "../shared/traces/openb", "directory with the openb node list, task lists and the FGD artifact's results")
 	flag.StringVar(&o.workloads, "workloads", "default", `task lists to replay, comma-separated short names (e.g. "default,gpushare40"), or "all"`)
-	flag.StringVar(&o.profiles, "profiles", "", "scheduler profiles to replay with, comma-separated (default: every shipped profile)")
+	flag.StringVar(&o.profiles, "profiles", "", `scheduler profiles to replay with, comma-separated, and "`+sim.RandomProfile+`" for a random choice among the nodes that fit (default: every shipped profile, and `+sim.RandomProfile+` with --departures)`)
 	flag.StringVar(&o.seeds, "seeds", "42-51", `seeds, e.g. "42-51" or "42,43"`)
 	flag.IntVar(&o.parallel, "parallel", runtime.NumCPU(), "replays run at once")
 	flag.StringVar(&o.out, "out", "sim-results", "output directory; its "+resultsFile+" is kept and extended across runs")
 	flag.StringVar(&o.plotFormat, "plot-format", "png", "plot file type: png, svg or pdf")
-	flag.BoolVar(&o.reportOnly, "report-only", false, "only rewrite the table and plots from "+resultsFile)
+	flag.BoolVar(&o.reportOnly, "report-only", false, "only rewrite the table and plots from "+resultsFile+" (or "+departuresFile+")")
+	flag.BoolVar(&o.departures, "departures", false, "tasks also leave, after their trace duration; arrivals are a Poisson process at --load (task lists with creation and deletion times only)")
+	flag.Float64Var(&o.load, "load", 1, "with --departures: the offered GPU load, as a fraction of capacity")
 	flag.Parse()
 	klog.SetLogger(logr.Discard())
 	// Replays allocate many short-lived objects; trade memory for less GC.
@@ -75,6 +85,8 @@ type job struct {
 	workload string
 	profile  string
 	seed     uint64
+	// load is the offered load of a departures replay, 0 otherwise.
+	load float64
 }
 
 // run replays what o asks for (or nothing, with --report-only) and writes the
@@ -83,25 +95,76 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
 	}
+	if o.departures {
+		return runDepartures(ctx, o, out, progress)
+	}
 	resultsPath := filepath.Join(o.out, resultsFile)
-	previous, err := readRuns(resultsPath)
+	runs, err := readRuns(resultsPath, simreport.ReadCSV)
 	if err != nil {
 		return err
 	}
-	var runs []simreport.Run
-	if o.reportOnly {
-		runs = previous
-	} else {
+	if !o.reportOnly {
 		jobs, err := plan(o)
 		if err != nil {
 			return err
 		}
-		runs, err = replay(ctx, o, jobs, previous, resultsPath, progress)
+		key := func(r simreport.Run) job { return job{workload: r.Trace, profile: r.Policy, seed: r.Seed} }
+		replayOne := func(ctx context.Context, j job, nodes []trace.Node, tasks []trace.Task, update func(int, int)) (simreport.Run, string, error) {
+			res, err := sim.Run(ctx, sim.Config{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Progress: update})
+			if err != nil {
+				return simreport.Run{}, "", err
+			}
+			line := fmt.Sprintf("%.2f%% unallocated at arrived 100%%, %d/%d tasks placed, %s", res.Unallocated(), res.Placed, res.Tasks, res.Elapsed.Round(time.Second))
+			if res.Errors > 0 {
+				line += fmt.Sprintf(", %d tasks failed with scheduler errors", res.Errors)
+			}
+			return simreport.FromResult(j.workload, res), line, nil
+		}
+		write := func(runs []simreport.Run) error { return writeRuns(resultsPath, runs, key, simreport.WriteCSV) }
+		runs, err = replay(ctx, o, jobs, runs, key, replayOne, write, progress)
 		if err != nil {
 			return err
 		}
 	}
 	return report(o, runs, out)
+}
+
+// runDepartures is run with --departures.
+func runDepartures(ctx context.Context, o options, out, progress io.Writer) error {
+	resultsPath := filepath.Join(o.out, departuresFile)
+	runs, err := readRuns(resultsPath, simreport.ReadDeparturesCSV)
+	if err != nil {
+		return err
+	}
+	if !o.reportOnly {
+		jobs, err := plan(o)
+		if err != nil {
+			return err
+		}
+		key := func(r simreport.DepartureRun) job {
+			return job{workload: r.Trace, profile: r.Policy, seed: r.Seed, load: r.Load}
+		}
+		replayOne := func(ctx context.Context, j job, nodes []trace.Node, tasks []trace.Task, update func(int, int)) (simreport.DepartureRun, string, error) {
+			if len(tasks) > 0 && !tasks[0].HasDuration {
+				return simreport.DepartureRun{}, "", fmt.Errorf("task list %s has no creation and deletion times, which a departures replay needs", j.workload)
+			}
+			res, err := sim.RunDepartures(ctx, sim.DeparturesConfig{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Load: j.load, Progress: update})
+			if err != nil {
+				return simreport.DepartureRun{}, "", err
+			}
+			r := simreport.FromDepartures(j.workload, res)
+			line := fmt.Sprintf("%.2f%% allocated in the second half (%.2f%% offered), %.1f%% of pods waited, p90 wait %.0f s, %d still waiting, %s",
+				r.MeanAllocation(), r.MeanOffered(), r.Waited, r.WaitP90, r.StillPending, res.Elapsed.Round(time.Second))
+			return r, line, nil
+		}
+		write := func(runs []simreport.DepartureRun) error {
+			return writeRuns(resultsPath, runs, key, simreport.WriteDeparturesCSV)
+		}
+		if runs, err = replay(ctx, o, jobs, runs, key, replayOne, write, progress); err != nil {
+			return err
+		}
+	}
+	return reportDepartures(o, runs, out)
 }
 
 // plan lists the replays the flags ask for.
@@ -115,6 +178,16 @@ func plan(o options) ([]job, error) {
 		if profiles, err = sim.Profiles(); err != nil {
 			return nil, err
 		}
+		if o.departures {
+			profiles = append(profiles, sim.RandomProfile)
+		}
+	}
+	load := 0.0
+	if o.departures {
+		if !(o.load > 0) {
+			return nil, fmt.Errorf("--load %v: want an offered load above 0", o.load)
+		}
+		load = o.load
 	}
 	seeds, err := parseSeeds(o.seeds)
 	if err != nil {
@@ -124,16 +197,20 @@ func plan(o options) ([]job, error) {
 	for _, w := range workloads {
 		for _, p := range profiles {
 			for _, s := range seeds {
-				jobs = append(jobs, job{workload: w, profile: p, seed: s})
+				jobs = append(jobs, job{workload: w, profile: p, seed: s, load: load})
 			}
 		}
 	}
 	return jobs, nil
 }
 
-// replay runs the jobs o.parallel at a time, saving the results file after
-// each so an interrupted run keeps what it finished.
-func replay(ctx context.Context, o options, jobs []job, previous []simreport.Run, resultsPath string, progress io.Writer) ([]simreport.Run, error) {
+// replay runs the jobs o.parallel at a time with replayOne, saving the
+// results with write after each so an interrupted run keeps what it
+// finished. Results of the jobs run replace those in previous with the same
+// key.
+func replay[R any](ctx context.Context, o options, jobs []job, previous []R, key func(R) job,
+	replayOne func(context.Context, job, []trace.Node, []trace.Task, func(done, total int)) (R, string, error),
+	write func([]R) error, progress io.Writer) ([]R, error) {
 	nodes, err := readFile(filepath.Join(o.traces, nodeFile), trace.ReadNodes)
 	if err != nil {
 		return nil, err
@@ -146,10 +223,7 @@ func replay(ctx context.Context, o options, jobs []job, previous []simreport.Run
 			}
 		}
 	}
-	// Results of the jobs about to run replace earlier ones.
-	runs := slices.DeleteFunc(previous, func(r simreport.Run) bool {
-		return slices.Contains(jobs, job{workload: r.Trace, profile: r.Policy, seed: r.Seed})
-	})
+	runs := slices.DeleteFunc(previous, func(r R) bool { return slices.Contains(jobs, key(r)) })
 	bar := newProgress(progress, len(jobs))
 	var (
 		mu       sync.Mutex
@@ -163,24 +237,21 @@ func replay(ctx context.Context, o options, jobs []job, previous []simreport.Run
 			defer wg.Done()
 			for j := range queue {
 				name := fmt.Sprintf("%s/%s/%d", j.workload, j.profile, j.seed)
-				res, err := sim.Run(ctx, sim.Config{
-					Nodes: nodes, Tasks: tasks[j.workload], Seed: j.seed, Profile: j.profile,
-					Progress: func(done, total int) { bar.update(name, done, total) },
-				})
+				if j.load > 0 {
+					name += fmt.Sprintf("/load %.2f", j.load)
+				}
+				res, line, err := replayOne(ctx, j, nodes, tasks[j.workload], func(done, total int) { bar.update(name, done, total) })
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = fmt.Errorf("%s: %w", name, err)
 				}
 				if err == nil {
-					runs = append(runs, simreport.FromResult(j.workload, res))
-					if res.Errors > 0 {
-						bar.note(fmt.Sprintf("%s: %d tasks failed with scheduler errors", name, res.Errors))
-					}
-					if err := writeRuns(resultsPath, runs); err != nil && firstErr == nil {
+					runs = append(runs, res)
+					if err := write(runs); err != nil && firstErr == nil {
 						firstErr = err
 					}
 				}
-				bar.finish(name, res)
+				bar.finish(name, line)
 				mu.Unlock()
 			}
 		}()
@@ -205,7 +276,7 @@ func replay(ctx context.Context, o options, jobs []job, previous []simreport.Run
 
 // report writes the table and a plot per trace.
 func report(o options, runs []simreport.Run, out io.Writer) error {
-	artifactRuns, err := readRuns(filepath.Join(o.traces, artifactFile))
+	artifactRuns, err := readRuns(filepath.Join(o.traces, artifactFile), simreport.ReadCSV)
 	if err != nil {
 		return err
 	}
@@ -230,6 +301,41 @@ func report(o options, runs []simreport.Run, out io.Writer) error {
 		path := filepath.Join(o.out, t+"."+o.plotFormat)
 		if err := simreport.Plot(path, t, tessera, artifact); err != nil {
 			return fmt.Errorf("plotting %s: %w", t, err)
+		}
+		fmt.Fprintln(out, "wrote", path)
+	}
+	return nil
+}
+
+// reportDepartures writes the departures table and a plot per trace and
+// load.
+func reportDepartures(o options, runs []simreport.DepartureRun, out io.Writer) error {
+	means := simreport.DepartureMeans(runs)
+	var policies []string
+	type plotKey struct {
+		trace string
+		load  float64
+	}
+	var plots []plotKey
+	for _, m := range means {
+		if !slices.Contains(policies, m.Policy) {
+			policies = append(policies, m.Policy)
+		}
+		if k := (plotKey{m.Trace, m.Load}); !slices.Contains(plots, k) {
+			plots = append(plots, k)
+		}
+	}
+	table := "Replays with departures: tasks arrive as a Poisson process at the offered load, run their trace duration and leave; " +
+		"allocated and offered GPU are means over the second half of the arrival window, waits are of the pods placed (mean over seeds of each seed's percentile).\n\n" +
+		simreport.DeparturesTable(means, policies)
+	if err := os.WriteFile(filepath.Join(o.out, departuresTableFile), []byte(table), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintln(out, table)
+	for _, k := range plots {
+		path := filepath.Join(o.out, fmt.Sprintf("%s-departures-load%.2f.%s", k.trace, k.load, o.plotFormat))
+		if err := simreport.PlotDepartures(path, k.trace, k.load, means); err != nil {
+			return fmt.Errorf("plotting %s: %w", k.trace, err)
 		}
 		fmt.Fprintln(out, "wrote", path)
 	}
@@ -300,31 +406,39 @@ func readFile[T any](path string, read func(io.Reader) (T, error)) (T, error) {
 }
 
 // readRuns reads a results file; a missing one holds no runs.
-func readRuns(path string) ([]simreport.Run, error) {
-	runs, err := readFile(path, simreport.ReadCSV)
+func readRuns[R any](path string, read func(io.Reader) ([]R, error)) ([]R, error) {
+	runs, err := readFile(path, read)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	return runs, err
 }
 
-func writeRuns(path string, runs []simreport.Run) error {
+// writeRuns replaces the results file with runs, sorted by key.
+func writeRuns[R any](path string, runs []R, key func(R) job, write func(io.Writer, []R) error) error {
 	sorted := slices.Clone(runs)
-	slices.SortStableFunc(sorted, func(a, b simreport.Run) int {
-		if c := strings.Compare(a.Trace, b.Trace); c != 0 {
+	slices.SortStableFunc(sorted, func(a, b R) int {
+		ka, kb := key(a), key(b)
+		if c := strings.Compare(ka.workload, kb.workload); c != 0 {
 			return c
 		}
-		if c := strings.Compare(a.Policy, b.Policy); c != 0 {
+		if c := strings.Compare(ka.profile, kb.profile); c != 0 {
 			return c
 		}
-		return int(a.Seed) - int(b.Seed)
+		if ka.load != kb.load {
+			if ka.load < kb.load {
+				return -1
+			}
+			return 1
+		}
+		return int(ka.seed) - int(kb.seed)
 	})
 	tmp := path + ".tmp"
 	f, err := os.Create(tmp)
 	if err != nil {
 		return err
 	}
-	if err := simreport.WriteCSV(f, sorted); err != nil {
+	if err := write(f, sorted); err != nil {
 		f.Close()
 		return err
 	}
@@ -362,23 +476,18 @@ func (b *progressBar) update(name string, done, total int) {
 	}
 }
 
-func (b *progressBar) finish(name string, res *sim.Result) {
+// finish reports a replay done, with its summary line ("" when it failed).
+func (b *progressBar) finish(name, summary string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.running, name)
 	b.finished++
-	if res != nil {
-		b.line(fmt.Sprintf("%s: %.2f%% unallocated at arrived 100%%, %d/%d tasks placed, %s (%d/%d replays)", name, res.Unallocated(), res.Placed, res.Tasks, res.Elapsed.Round(time.Second), b.finished, b.total))
+	if summary != "" {
+		b.line(fmt.Sprintf("%s: %s (%d/%d replays)", name, summary, b.finished, b.total))
 	}
 	if b.live {
 		b.draw()
 	}
-}
-
-func (b *progressBar) note(msg string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.line(msg)
 }
 
 // line writes msg on a line of its own, over the status line when live.

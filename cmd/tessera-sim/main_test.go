@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/tessera-gpu/tessera/pkg/simreport"
@@ -26,7 +27,7 @@ func writeTrace(t *testing.T, dir string) {
 		if i%5 == 0 {
 			numGPU, milli = 2, 1000
 		}
-		tasks += fmt.Sprintf("task-%d,%d,1024,%d,%d,,LS,Running,0,0,0\n", i, 1000+500*(i%3), numGPU, milli)
+		tasks += fmt.Sprintf("task-%d,%d,1024,%d,%d,,LS,Running,%d,%d,0\n", i, 1000+500*(i%3), numGPU, milli, 100*i, 100*i+60*(1+i%7))
 	}
 	artifact := "workload,sc_policy,tune,seed,total_gpus"
 	row := "openb_pod_list_tiny,06-FGD,1.3,42,24"
@@ -34,7 +35,8 @@ func writeTrace(t *testing.T, dir string) {
 		artifact += fmt.Sprintf(",%d", p)
 		row += fmt.Sprintf(",%d", min(p, 90))
 	}
-	for name, content := range map[string]string{nodeFile: nodes, "openb_pod_list_tiny.csv": tasks, artifactFile: artifact + "\n" + row + "\n"} {
+	untimed := "name,cpu_milli,memory_mib,num_gpu,gpu_milli\ntask-0,1000,1024,1,500\n"
+	for name, content := range map[string]string{nodeFile: nodes, "openb_pod_list_tiny.csv": tasks, "openb_pod_list_untimed.csv": untimed, artifactFile: artifact + "\n" + row + "\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -77,8 +79,48 @@ func TestRun(t *testing.T) {
 	if err := run(tCtx, o, &stdout, &progress); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := readRuns(filepath.Join(out, resultsFile)); err != nil || len(again) != 4 {
+	if again, err := readRuns(filepath.Join(out, resultsFile), simreport.ReadCSV); err != nil || len(again) != 4 {
 		t.Errorf("after re-running one job: %d runs (err %v), want 4", len(again), err)
+	}
+}
+
+// TestRunDepartures runs the departures mode end to end: results for the
+// shipped profiles and the random one, the table and a plot, and a task list
+// without times refused by name.
+func TestRunDepartures(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	traces, out := t.TempDir(), t.TempDir()
+	writeTrace(t, traces)
+	o := options{traces: traces, workloads: "tiny", seeds: "1", parallel: 2, out: out, plotFormat: "svg", departures: true, load: 0.9}
+	var stdout, progress bytes.Buffer
+	if err := run(tCtx, o, &stdout, &progress); err != nil {
+		t.Fatal(err)
+	}
+	runs, err := readRuns(filepath.Join(out, departuresFile), simreport.ReadDeparturesCSV)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var policies []string
+	for _, r := range runs {
+		policies = append(policies, r.Policy)
+		if r.Load != 0.9 || r.Tasks != r.Placed+r.StillPending || r.Departed == 0 {
+			t.Errorf("%s: load %v, %d tasks, %d placed, %d still pending, %d departed", r.Policy, r.Load, r.Tasks, r.Placed, r.StillPending, r.Departed)
+		}
+	}
+	want := []string{"random", "tessera-binpack", "tessera-fragmentation-aware", "tessera-spread"}
+	if diff := cmp.Diff(want, policies); diff != "" {
+		t.Errorf("policies replayed (-want,+got):\n%s", diff)
+	}
+	table, err := os.ReadFile(filepath.Join(out, departuresTableFile))
+	if err != nil || !strings.Contains(string(table), "| tiny | 0.90 | tessera-binpack | 1 |") {
+		t.Errorf("the table lacks tiny's binpack row (err %v):\n%s", err, table)
+	}
+	if _, err := os.Stat(filepath.Join(out, "tiny-departures-load0.90.svg")); err != nil {
+		t.Error(err)
+	}
+	o.workloads = "untimed"
+	if err := run(tCtx, o, &stdout, &progress); err == nil || !strings.Contains(err.Error(), "task list untimed has no creation and deletion times") {
+		t.Errorf("a task list without times: got %v", err)
 	}
 }
 

@@ -88,3 +88,37 @@ func addLine(p *plot.Plot, label string, xys plotter.XYs, c color.Color, dashes 
 	p.Legend.Add(label, l)
 	return nil
 }
+
+// PlotDepartures draws, for one trace and load, each policy's GPU allocation
+// over the arrival window (solid) and the GPU its arrived, unfinished tasks
+// ask (dashed, same colour): the gap is what waits. The file type follows
+// the extension of path.
+func PlotDepartures(path, trace string, load float64, means []DepartureMean) error {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("openb %s with departures, offered load %.2f: GPU over time (mean of seeds)", trace, load)
+	p.X.Label.Text = "time (% of the arrival window)"
+	p.Y.Label.Text = "GPU (% of capacity)"
+	p.Add(plotter.NewGrid())
+	p.Legend.Top, p.Legend.Left = false, false
+	p.Legend.XOffs, p.Legend.YOffs = -vg.Millimeter*2, vg.Millimeter*10
+	i := 0
+	for _, m := range means {
+		if m.Trace != trace || m.Load != load {
+			continue
+		}
+		c := palette[i%len(palette)]
+		i++
+		label := fmt.Sprintf("%s allocated (%.2f%% in the second half)", m.Policy, m.MeanAllocation)
+		if err := addLine(p, label, curve(m.Allocation), c, nil); err != nil {
+			return err
+		}
+		if err := addLine(p, m.Policy+" offered", curve(m.Offered), c, []vg.Length{vg.Points(5), vg.Points(3)}); err != nil {
+			return err
+		}
+	}
+	if i == 0 {
+		return fmt.Errorf("no departures replays of %s at load %.2f", trace, load)
+	}
+	p.X.Min, p.X.Max, p.Y.Min = 0, 100, 0
+	return p.Save(9*vg.Inch, 6*vg.Inch, path)
+}

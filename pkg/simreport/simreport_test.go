@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -65,5 +66,73 @@ func TestMeansAndTable(t *testing.T) {
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Size() < 1000 {
 		t.Errorf("plot not written: %v %v", fi, err)
+	}
+}
+
+// departureRun is a departures replay whose allocation climbs to level and
+// whose offered load is level plus 5.
+func departureRun(policy string, seed uint64, level float64) simreport.DepartureRun {
+	r := simreport.DepartureRun{Trace: "default", Policy: policy, Seed: seed, Load: 1.1, TotalGPUs: 6212, Tasks: 100, Placed: 90, Departed: 50, StillPending: 10,
+		Window: 3600, WaitP50: 0, WaitP90: 30, WaitP99: 600, MultiCardWaitP90: 1200, Waited: 20}
+	for s := 0; s <= sim.DepartureSamples; s++ {
+		r.Allocation = append(r.Allocation, min(float64(2*s), level))
+		r.Offered = append(r.Offered, min(float64(2*s), level)+5)
+	}
+	return r
+}
+
+func TestDeparturesCSVRoundTripAndTable(t *testing.T) {
+	runs := []simreport.DepartureRun{departureRun("tessera-binpack", 42, 90), departureRun("tessera-binpack", 43, 80), departureRun("random", 42, 70)}
+	var buf bytes.Buffer
+	if err := simreport.WriteDeparturesCSV(&buf, runs); err != nil {
+		t.Fatal(err)
+	}
+	got, err := simreport.ReadDeparturesCSV(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(runs, got); diff != "" {
+		t.Errorf("round trip (-want,+got):\n%s", diff)
+	}
+	if _, err := simreport.ReadDeparturesCSV(strings.NewReader("workload,sc_policy\nx,y\n")); err == nil {
+		t.Error("a file in another layout was read")
+	}
+	// The second half of the window (samples 50..100) is flat at the level.
+	means := simreport.DepartureMeans(runs)
+	if len(means) != 2 || means[0].Seeds != 2 || means[0].MeanAllocation != 85 || means[0].MeanOffered != 90 {
+		t.Fatalf("means %+v, want binpack's 2 seeds at 85%% allocated, 90%% offered", means)
+	}
+	table := simreport.DeparturesTable(means, []string{"tessera-binpack", "random"})
+	for _, want := range []string{
+		"| default | 1.10 | tessera-binpack | 2 | 85.00 | 90.00 | 20.0 | 0 | 30 s | 10.0 min | 20.0 min | 10.0 |",
+		"| default | 1.10 | random | 1 | 70.00 | 75.00 |",
+	} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	if strings.Index(table, "| random |") < strings.Index(table, "| tessera-binpack |") {
+		t.Errorf("policies not in the order given:\n%s", table)
+	}
+	path := filepath.Join(t.TempDir(), "default.svg")
+	if err := simreport.PlotDepartures(path, "default", 1.1, means); err != nil {
+		t.Fatal(err)
+	}
+	if err := simreport.PlotDepartures(path, "default", 0.5, means); err == nil {
+		t.Error("a plot with no replays at that load was drawn")
+	}
+}
+
+func TestFromDeparturesPercentiles(t *testing.T) {
+	var waits []time.Duration
+	for i := 1; i <= 100; i++ {
+		waits = append(waits, time.Duration(i)*time.Second)
+	}
+	waits = append(waits, make([]time.Duration, 100)...) // 100 pods that did not wait
+	res := &sim.DeparturesResult{Profile: "p", Waits: waits, MultiCardWaits: waits[:10], Allocation: make([]float64, sim.DepartureSamples+1), Offered: make([]float64, sim.DepartureSamples+1)}
+	r := simreport.FromDepartures("default", res)
+	// Sorted, the 200 waits are 100 zeros then 1..100 s: nearest rank.
+	if r.WaitP50 != 0 || r.WaitP90 != 80 || r.WaitP99 != 98 || r.MultiCardWaitP90 != 9 || r.Waited != 50 {
+		t.Errorf("p50 %v, p90 %v, p99 %v, multi-card p90 %v, waited %v%%; want 0, 80, 98, 9, 50", r.WaitP50, r.WaitP90, r.WaitP99, r.MultiCardWaitP90, r.Waited)
 	}
 }
