@@ -29,8 +29,9 @@ import (
 
 // DeparturePadding is how far a departures replay's arrivals extend: tasks
 // are resampled until their GPU request is this many times the capacity,
-// enough for an offered load above the capacity (see ArrivalTimes).
-const DeparturePadding = 3
+// enough for an offered load up to about the capacity (ArrivalTimes
+// reaches at most half the arrivals' GPU over the capacity).
+const DeparturePadding = 2
 
 // DepartureSamples is how many equal steps of the arrival window a
 // departures replay samples allocation, offered load and pending pods at
