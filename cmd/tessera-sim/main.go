@@ -8,6 +8,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -96,43 +97,27 @@ func run(ctx context.Context, o options, out, progress io.Writer) error {
 		return err
 	}
 	if o.departures {
-		return runDepartures(ctx, o, out, progress)
+		return departuresMode.run(ctx, o, out, progress)
 	}
-	resultsPath := filepath.Join(o.out, resultsFile)
-	runs, err := readRuns(resultsPath, simreport.ReadCSV)
-	if err != nil {
-		return err
-	}
-	if !o.reportOnly {
-		jobs, err := plan(o)
-		if err != nil {
-			return err
-		}
-		key := func(r simreport.Run) job { return job{workload: r.Trace, profile: r.Policy, seed: r.Seed} }
-		replayOne := func(ctx context.Context, j job, nodes []trace.Node, tasks []trace.Task, update func(int, int)) (simreport.Run, string, error) {
-			res, err := sim.Run(ctx, sim.Config{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Progress: update})
-			if err != nil {
-				return simreport.Run{}, "", err
-			}
-			line := fmt.Sprintf("%.2f%% unallocated at arrived 100%%, %d/%d tasks placed, %s", res.Unallocated(), res.Placed, res.Tasks, res.Elapsed.Round(time.Second))
-			if res.Errors > 0 {
-				line += fmt.Sprintf(", %d tasks failed with scheduler errors", res.Errors)
-			}
-			return simreport.FromResult(j.workload, res), line, nil
-		}
-		write := func(runs []simreport.Run) error { return writeRuns(resultsPath, runs, key, simreport.WriteCSV) }
-		runs, err = replay(ctx, o, jobs, runs, key, replayOne, write, progress)
-		if err != nil {
-			return err
-		}
-	}
-	return report(o, runs, out)
+	return allocationMode.run(ctx, o, out, progress)
 }
 
-// runDepartures is run with --departures.
-func runDepartures(ctx context.Context, o options, out, progress io.Writer) error {
-	resultsPath := filepath.Join(o.out, departuresFile)
-	runs, err := readRuns(resultsPath, simreport.ReadDeparturesCSV)
+// mode is one kind of replay: its results file, how one job runs, and its
+// report.
+type mode[R any] struct {
+	file      string
+	read      func(io.Reader) ([]R, error)
+	write     func(io.Writer, []R) error
+	key       func(R) job
+	replayOne func(context.Context, job, []trace.Node, []trace.Task, func(done, total int)) (R, string, error)
+	report    func(options, []R, io.Writer) error
+}
+
+// run reads the mode's results file, replays the jobs o asks for into it
+// (unless --report-only) and writes the report.
+func (m mode[R]) run(ctx context.Context, o options, out, progress io.Writer) error {
+	resultsPath := filepath.Join(o.out, m.file)
+	runs, err := readRuns(resultsPath, m.read)
 	if err != nil {
 		return err
 	}
@@ -141,30 +126,52 @@ func runDepartures(ctx context.Context, o options, out, progress io.Writer) erro
 		if err != nil {
 			return err
 		}
-		key := func(r simreport.DepartureRun) job {
-			return job{workload: r.Trace, profile: r.Policy, seed: r.Seed, load: r.Load}
-		}
-		replayOne := func(ctx context.Context, j job, nodes []trace.Node, tasks []trace.Task, update func(int, int)) (simreport.DepartureRun, string, error) {
-			if len(tasks) > 0 && !tasks[0].HasDuration {
-				return simreport.DepartureRun{}, "", fmt.Errorf("task list %s has no creation and deletion times, which a departures replay needs", j.workload)
-			}
-			res, err := sim.RunDepartures(ctx, sim.DeparturesConfig{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Load: j.load, Progress: update})
-			if err != nil {
-				return simreport.DepartureRun{}, "", err
-			}
-			r := simreport.FromDepartures(j.workload, res)
-			line := fmt.Sprintf("%.2f%% allocated in the second half (%.2f%% offered), %.1f%% of pods waited, p90 wait %.0f s, %d still waiting, %s",
-				r.MeanAllocation(), r.MeanOffered(), r.Waited, r.WaitP90, r.StillPending, res.Elapsed.Round(time.Second))
-			return r, line, nil
-		}
-		write := func(runs []simreport.DepartureRun) error {
-			return writeRuns(resultsPath, runs, key, simreport.WriteDeparturesCSV)
-		}
-		if runs, err = replay(ctx, o, jobs, runs, key, replayOne, write, progress); err != nil {
+		write := func(runs []R) error { return writeRuns(resultsPath, runs, m.key, m.write) }
+		if runs, err = replay(ctx, o, jobs, runs, m.key, m.replayOne, write, progress); err != nil {
 			return err
 		}
 	}
-	return reportDepartures(o, runs, out)
+	return m.report(o, runs, out)
+}
+
+// allocationMode is the artifact's protocol: tasks arrive and never leave.
+var allocationMode = mode[simreport.Run]{
+	file: resultsFile, read: simreport.ReadCSV, write: simreport.WriteCSV,
+	key: func(r simreport.Run) job { return job{workload: r.Trace, profile: r.Policy, seed: r.Seed} },
+	replayOne: func(ctx context.Context, j job, nodes []trace.Node, tasks []trace.Task, update func(int, int)) (simreport.Run, string, error) {
+		res, err := sim.Run(ctx, sim.Config{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Progress: update})
+		if err != nil {
+			return simreport.Run{}, "", err
+		}
+		line := fmt.Sprintf("%.2f%% unallocated at arrived 100%%, %d/%d tasks placed, %s", res.Unallocated(), res.Placed, res.Tasks, res.Elapsed.Round(time.Second))
+		if res.Errors > 0 {
+			line += fmt.Sprintf(", %d tasks failed with scheduler errors", res.Errors)
+		}
+		return simreport.FromResult(j.workload, res), line, nil
+	},
+	report: report,
+}
+
+// departuresMode is --departures: tasks also leave.
+var departuresMode = mode[simreport.DepartureRun]{
+	file: departuresFile, read: simreport.ReadDeparturesCSV, write: simreport.WriteDeparturesCSV,
+	key: func(r simreport.DepartureRun) job {
+		return job{workload: r.Trace, profile: r.Policy, seed: r.Seed, load: r.Load}
+	},
+	replayOne: func(ctx context.Context, j job, nodes []trace.Node, tasks []trace.Task, update func(int, int)) (simreport.DepartureRun, string, error) {
+		if len(tasks) > 0 && !tasks[0].HasDuration {
+			return simreport.DepartureRun{}, "", fmt.Errorf("task list %s has no creation and deletion times, which a departures replay needs", j.workload)
+		}
+		res, err := sim.RunDepartures(ctx, sim.DeparturesConfig{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Load: j.load, Progress: update})
+		if err != nil {
+			return simreport.DepartureRun{}, "", err
+		}
+		r := simreport.FromDepartures(j.workload, res)
+		line := fmt.Sprintf("%.2f%% allocated in the second half (%.2f%% offered), %.1f%% of pods waited, p90 wait %.0f s, %d still waiting, %s",
+			r.MeanAllocation(), r.MeanOffered(), r.Waited, r.WaitP90, r.StillPending, res.Elapsed.Round(time.Second))
+		return r, line, nil
+	},
+	report: reportDepartures,
 }
 
 // plan lists the replays the flags ask for.
@@ -419,19 +426,7 @@ func writeRuns[R any](path string, runs []R, key func(R) job, write func(io.Writ
 	sorted := slices.Clone(runs)
 	slices.SortStableFunc(sorted, func(a, b R) int {
 		ka, kb := key(a), key(b)
-		if c := strings.Compare(ka.workload, kb.workload); c != 0 {
-			return c
-		}
-		if c := strings.Compare(ka.profile, kb.profile); c != 0 {
-			return c
-		}
-		if ka.load != kb.load {
-			if ka.load < kb.load {
-				return -1
-			}
-			return 1
-		}
-		return int(ka.seed) - int(kb.seed)
+		return cmp.Or(strings.Compare(ka.workload, kb.workload), strings.Compare(ka.profile, kb.profile), cmp.Compare(ka.load, kb.load), cmp.Compare(ka.seed, kb.seed))
 	})
 	tmp := path + ".tmp"
 	f, err := os.Create(tmp)

@@ -78,17 +78,6 @@ type DeparturesResult struct {
 	Elapsed                               time.Duration
 }
 
-// MeanAllocation is the mean of the allocation samples over the second half
-// of the window, once the cluster has filled.
-func (r *DeparturesResult) MeanAllocation() float64 {
-	var sum float64
-	half := r.Allocation[len(r.Allocation)/2:]
-	for _, a := range half {
-		sum += a
-	}
-	return sum / float64(len(half))
-}
-
 // ArrivalTimes spaces the tasks (in order) as a Poisson process of the seed
 // whose rate makes the offered GPU load, averaged over the arrival window,
 // load times the capacity. The offered load at a moment is the GPU asked by
@@ -408,8 +397,8 @@ func (r *departuresReplay) settle(now time.Duration) error {
 	var bound []*live
 	err := r.waitFor(func() bool {
 		bound = r.collectBindings(bound)
-		return len(queue.PodsInActiveQ()) == 0 && len(queue.PodsInBackoffQ()) == 0 && len(queue.InFlightPods()) == 0 &&
-			len(queue.UnschedulablePods()) == len(r.pending) && r.cachedPods() == len(r.running)
+		return len(queue.InFlightPods()) == 0 && len(queue.PodsInActiveQ()) == 0 && len(queue.PodsInBackoffQ()) == 0 &&
+			r.cachedPods() == len(r.running) && len(queue.UnschedulablePods()) == len(r.pending)
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for the scheduler to settle at %s (%d pods waiting, %d running): %w", now, len(r.pending), len(r.running), err)

@@ -1,6 +1,7 @@
 package simreport
 
 import (
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -225,16 +226,7 @@ func DepartureMeans(runs []DepartureRun) []DepartureMean {
 func DeparturesTable(means []DepartureMean, policies []string) string {
 	sorted := slices.Clone(means)
 	slices.SortStableFunc(sorted, func(a, b DepartureMean) int {
-		if c := strings.Compare(a.Trace, b.Trace); c != 0 {
-			return c
-		}
-		if a.Load != b.Load {
-			if a.Load < b.Load {
-				return -1
-			}
-			return 1
-		}
-		return slices.Index(policies, a.Policy) - slices.Index(policies, b.Policy)
+		return cmp.Or(strings.Compare(a.Trace, b.Trace), cmp.Compare(a.Load, b.Load), slices.Index(policies, a.Policy)-slices.Index(policies, b.Policy))
 	})
 	var b strings.Builder
 	b.WriteString("| trace | load | policy | seeds | GPU allocated % | GPU offered % | pods that waited % | wait p50 | wait p90 | wait p99 | multi-card wait p90 | still waiting at the end |\n")
