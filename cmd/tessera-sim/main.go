@@ -56,6 +56,8 @@ type options struct {
 	reportOnly bool
 	departures bool
 	load       float64
+	fleet      float64
+	arrivals   float64
 }
 
 func main() {
@@ -70,6 +72,8 @@ func main() {
 	flag.BoolVar(&o.reportOnly, "report-only", false, "only rewrite the table and plots from "+resultsFile+" (or "+departuresFile+")")
 	flag.BoolVar(&o.departures, "departures", false, "tasks also leave, after their trace duration; arrivals are a Poisson process at --load (task lists with creation and deletion times only)")
 	flag.Float64Var(&o.load, "load", 1, "with --departures: the offered GPU load, as a fraction of capacity")
+	flag.Float64Var(&o.fleet, "fleet", 1, "with --departures: the fraction of the GPU nodes replayed on, with the fleet's mix of nodes (a replay's cost grows with its square)")
+	flag.Float64Var(&o.arrivals, "arrivals", sim.DeparturePadding, "with --departures: the GPU the arrivals ask, in multiples of the replayed fleet's capacity; more make a longer window, in which more tasks leave")
 	flag.Parse()
 	klog.SetLogger(logr.Discard())
 	// Replays allocate many short-lived objects; trade memory for less GC.
@@ -86,8 +90,10 @@ type job struct {
 	workload string
 	profile  string
 	seed     uint64
-	// load is the offered load of a departures replay, 0 otherwise.
-	load float64
+	// load, fleet and arrivals are a departures replay's offered load,
+	// fraction of the fleet and arrivals in multiples of its capacity, 0
+	// otherwise.
+	load, fleet, arrivals float64
 }
 
 // run replays what o asks for (or nothing, with --report-only) and writes the
@@ -156,13 +162,13 @@ var allocationMode = mode[simreport.Run]{
 var departuresMode = mode[simreport.DepartureRun]{
 	file: departuresFile, read: simreport.ReadDeparturesCSV, write: simreport.WriteDeparturesCSV,
 	key: func(r simreport.DepartureRun) job {
-		return job{workload: r.Trace, profile: r.Policy, seed: r.Seed, load: r.Load}
+		return job{workload: r.Trace, profile: r.Policy, seed: r.Seed, load: r.Load, fleet: r.Fleet, arrivals: r.Arrivals}
 	},
 	replayOne: func(ctx context.Context, j job, nodes []trace.Node, tasks []trace.Task, update func(int, int)) (simreport.DepartureRun, string, error) {
 		if len(tasks) > 0 && !tasks[0].HasDuration {
 			return simreport.DepartureRun{}, "", fmt.Errorf("task list %s has no creation and deletion times, which a departures replay needs", j.workload)
 		}
-		res, err := sim.RunDepartures(ctx, sim.DeparturesConfig{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Load: j.load, Progress: update})
+		res, err := sim.RunDepartures(ctx, sim.DeparturesConfig{Nodes: nodes, Tasks: tasks, Seed: j.seed, Profile: j.profile, Load: j.load, Fleet: j.fleet, Arrivals: j.arrivals, Progress: update})
 		if err != nil {
 			return simreport.DepartureRun{}, "", err
 		}
@@ -189,12 +195,18 @@ func plan(o options) ([]job, error) {
 			profiles = append(profiles, sim.RandomProfile)
 		}
 	}
-	load := 0.0
+	load, fleet, arrivals := 0.0, 0.0, 0.0
 	if o.departures {
 		if !(o.load > 0) {
 			return nil, fmt.Errorf("--load %v: want an offered load above 0", o.load)
 		}
-		load = o.load
+		if !(o.fleet > 0 && o.fleet <= 1) {
+			return nil, fmt.Errorf("--fleet %v: want a fraction of the fleet in (0, 1]", o.fleet)
+		}
+		if !(o.arrivals > 0) {
+			return nil, fmt.Errorf("--arrivals %v: want a multiple of the capacity above 0", o.arrivals)
+		}
+		load, fleet, arrivals = o.load, o.fleet, o.arrivals
 	}
 	seeds, err := parseSeeds(o.seeds)
 	if err != nil {
@@ -204,7 +216,7 @@ func plan(o options) ([]job, error) {
 	for _, w := range workloads {
 		for _, p := range profiles {
 			for _, s := range seeds {
-				jobs = append(jobs, job{workload: w, profile: p, seed: s, load: load})
+				jobs = append(jobs, job{workload: w, profile: p, seed: s, load: load, fleet: fleet, arrivals: arrivals})
 			}
 		}
 	}
@@ -246,6 +258,12 @@ func replay[R any](ctx context.Context, o options, jobs []job, previous []R, key
 				name := fmt.Sprintf("%s/%s/%d", j.workload, j.profile, j.seed)
 				if j.load > 0 {
 					name += fmt.Sprintf("/load %.2f", j.load)
+				}
+				if j.fleet > 0 && j.fleet < 1 {
+					name += fmt.Sprintf("/fleet %g", j.fleet)
+				}
+				if j.arrivals > 0 && j.arrivals != sim.DeparturePadding {
+					name += fmt.Sprintf("/arrivals %g", j.arrivals)
 				}
 				res, line, err := replayOne(ctx, j, nodes, tasks[j.workload], func(done, total int) { bar.update(name, done, total) })
 				mu.Lock()
@@ -314,22 +332,17 @@ func report(o options, runs []simreport.Run, out io.Writer) error {
 	return nil
 }
 
-// reportDepartures writes the departures table and a plot per trace and
-// load.
+// reportDepartures writes the departures table and a plot per setup.
 func reportDepartures(o options, runs []simreport.DepartureRun, out io.Writer) error {
 	means := simreport.DepartureMeans(runs)
 	var policies []string
-	type plotKey struct {
-		trace string
-		load  float64
-	}
-	var plots []plotKey
+	var setups []simreport.DepartureSetup
 	for _, m := range means {
 		if !slices.Contains(policies, m.Policy) {
 			policies = append(policies, m.Policy)
 		}
-		if k := (plotKey{m.Trace, m.Load}); !slices.Contains(plots, k) {
-			plots = append(plots, k)
+		if !slices.Contains(setups, m.DepartureSetup) {
+			setups = append(setups, m.DepartureSetup)
 		}
 	}
 	table := "Replays with departures: tasks arrive as a Poisson process at the offered load, run their trace duration and leave; " +
@@ -339,10 +352,17 @@ func reportDepartures(o options, runs []simreport.DepartureRun, out io.Writer) e
 		return err
 	}
 	fmt.Fprintln(out, table)
-	for _, k := range plots {
-		path := filepath.Join(o.out, fmt.Sprintf("%s-departures-load%.2f.%s", k.trace, k.load, o.plotFormat))
-		if err := simreport.PlotDepartures(path, k.trace, k.load, means); err != nil {
-			return fmt.Errorf("plotting %s: %w", k.trace, err)
+	for _, k := range setups {
+		name := fmt.Sprintf("%s-departures-load%.2f", k.Trace, k.Load)
+		if k.Fleet != 1 {
+			name += fmt.Sprintf("-fleet%g", k.Fleet)
+		}
+		if k.Arrivals != sim.DeparturePadding {
+			name += fmt.Sprintf("-arrivals%g", k.Arrivals)
+		}
+		path := filepath.Join(o.out, name+"."+o.plotFormat)
+		if err := simreport.PlotDepartures(path, k, means); err != nil {
+			return fmt.Errorf("plotting %s: %w", k.Trace, err)
 		}
 		fmt.Fprintln(out, "wrote", path)
 	}

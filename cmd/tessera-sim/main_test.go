@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
+	"github.com/tessera-gpu/tessera/pkg/sim"
 	"github.com/tessera-gpu/tessera/pkg/simreport"
 )
 
@@ -91,7 +92,7 @@ func TestRunDepartures(t *testing.T) {
 	tCtx := ktesting.Init(t)
 	traces, out := t.TempDir(), t.TempDir()
 	writeTrace(t, traces)
-	o := options{traces: traces, workloads: "tiny", seeds: "1", parallel: 2, out: out, plotFormat: "svg", departures: true, load: 0.9}
+	o := options{traces: traces, workloads: "tiny", seeds: "1", parallel: 2, out: out, plotFormat: "svg", departures: true, load: 0.9, fleet: 1, arrivals: sim.DeparturePadding}
 	var stdout, progress bytes.Buffer
 	if err := run(tCtx, o, &stdout, &progress); err != nil {
 		t.Fatal(err)
@@ -111,13 +112,24 @@ func TestRunDepartures(t *testing.T) {
 	if diff := cmp.Diff(want, policies); diff != "" {
 		t.Errorf("policies replayed (-want,+got):\n%s", diff)
 	}
+	// Half the fleet, with more arrivals: a setup of its own, beside the
+	// whole fleet's.
+	o.profiles, o.fleet, o.arrivals = "tessera-binpack", 0.5, 4
+	if err := run(tCtx, o, &stdout, &progress); err != nil {
+		t.Fatal(err)
+	}
 	table, err := os.ReadFile(filepath.Join(out, departuresTableFile))
-	if err != nil || !strings.Contains(string(table), "| tiny | 0.90 | tessera-binpack | 1 |") {
-		t.Errorf("the table lacks tiny's binpack row (err %v):\n%s", err, table)
+	for _, row := range []string{"| tiny | 0.90 | 24 | 2 |", "| tiny | 0.90 | 12 | 4 |"} {
+		if err != nil || !strings.Contains(string(table), row) || !strings.Contains(string(table[strings.Index(string(table), row):]), "| tessera-binpack | 1 |") {
+			t.Errorf("the table lacks tiny's binpack row %q (err %v):\n%s", row, err, table)
+		}
 	}
-	if _, err := os.Stat(filepath.Join(out, "tiny-departures-load0.90.svg")); err != nil {
-		t.Error(err)
+	for _, plot := range []string{"tiny-departures-load0.90.svg", "tiny-departures-load0.90-fleet0.5-arrivals4.svg"} {
+		if _, err := os.Stat(filepath.Join(out, plot)); err != nil {
+			t.Error(err)
+		}
 	}
+	o.profiles = ""
 	o.workloads = "untimed"
 	if err := run(tCtx, o, &stdout, &progress); err == nil || !strings.Contains(err.Error(), "task list untimed has no creation and deletion times") {
 		t.Errorf("a task list without times: got %v", err)

@@ -1,12 +1,14 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,10 +29,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/trace"
 )
 
-// DeparturePadding is how far a departures replay's arrivals extend: tasks
-// are resampled until their GPU request is this many times the capacity,
-// enough for an offered load up to about the capacity (ArrivalTimes
-// reaches at most half the arrivals' GPU over the capacity).
+// DeparturePadding is how far a departures replay's arrivals extend by
+// default: tasks are resampled until their GPU request is this many times
+// the capacity. More arrivals make a longer window.
 const DeparturePadding = 2
 
 // DepartureSamples is how many equal steps of the arrival window a
@@ -48,6 +49,12 @@ type DeparturesConfig struct {
 	Profile string
 	// Load is the offered GPU load as a fraction of capacity (ArrivalTimes).
 	Load float64
+	// Fleet is the fraction of the GPU nodes replayed on (ScaledFleet), in
+	// (0, 1]; 0 is the whole fleet. The arrivals scale with it.
+	Fleet float64
+	// Arrivals is the GPU the arrivals ask, in multiples of the replayed
+	// fleet's capacity; 0 is DeparturePadding.
+	Arrivals float64
 	// Progress, when set, is called after each arrival with the number
 	// arrived and the total.
 	Progress func(done, total int)
@@ -56,10 +63,13 @@ type DeparturesConfig struct {
 // DeparturesResult is a departures replay's outcome. Times are the replay's
 // virtual time, from the trace's durations.
 type DeparturesResult struct {
-	Profile   string
-	Seed      uint64
-	Load      float64
-	TotalGPUs int
+	Profile string
+	Seed    uint64
+	Load    float64
+	// Fleet is the fraction of the fleet replayed on, TotalGPUs its cards;
+	// Arrivals the GPU the arrivals asked, in multiples of the capacity.
+	Fleet, Arrivals float64
+	TotalGPUs       int
 	// Window is the time from the start to the last arrival, where the
 	// replay ends.
 	Window time.Duration
@@ -69,61 +79,129 @@ type DeparturesResult struct {
 	// DepartureSamples+1 equal steps of the window.
 	Allocation, Offered []float64
 	Pending             []int
-	// Waits is how long each placed task waited for its node, in arrival
-	// order; MultiCardWaits those of tasks asking two cards or more.
+	// Waits is how long each placed task arrived after the start waited
+	// for its node, in arrival order; MultiCardWaits those of tasks asking
+	// two cards or more.
 	Waits, MultiCardWaits []time.Duration
-	// Tasks arrived; Placed got a node; Departed ran their duration and
-	// left; StillPending were waiting when the window ended.
-	Tasks, Placed, Departed, StillPending int
-	Elapsed                               time.Duration
+	// Tasks arrived, the first Initial of them at the start
+	// (StationaryStart); Placed got a node; Departed ran their duration
+	// and left; StillPending were waiting when the window ended.
+	Tasks, Initial, Placed, Departed, StillPending int
+	Elapsed                                        time.Duration
 }
 
-// ArrivalTimes spaces the tasks (in order) as a Poisson process of the seed
-// whose rate makes the offered GPU load, averaged over the arrival window,
-// load times the capacity. The offered load at a moment is the GPU asked by
-// the tasks arrived by then whose duration has not run out since they
-// arrived: what the cluster would hold if every task started on arrival.
-// The trace's own creation times cannot be used as they are: its tasks
-// spread over months and never load a cluster of its size, and
-// compressing them uniformly leaves their overlaps as they were.
-func ArrivalTimes(tasks []trace.Task, capacityMilli int64, load float64, seed uint64) ([]time.Duration, error) {
-	if len(tasks) == 0 || capacityMilli <= 0 || !(load > 0) {
-		return nil, fmt.Errorf("arrival times: need tasks, capacity and a load above 0 (load %v)", load)
+// ScaledFleet keeps a fraction of the nodes with the fleet's mix: the nodes
+// sorted by GPU model, card count, CPU and memory, one kept wherever the
+// running count of fraction × nodes passes a whole number. A departures
+// replay's cost grows with the square of the fleet (more nodes per
+// scheduling cycle, more arrivals to fill them); a smaller fleet with the
+// same mix and the same offered load gives what an operator of a smaller
+// cluster would see.
+func ScaledFleet(nodes []trace.Node, fraction float64) ([]trace.Node, error) {
+	if !(fraction > 0 && fraction <= 1) {
+		return nil, fmt.Errorf("fleet fraction %v: want a fraction in (0, 1]", fraction)
 	}
+	if fraction == 1 {
+		return nodes, nil
+	}
+	sorted := slices.Clone(nodes)
+	slices.SortFunc(sorted, func(a, b trace.Node) int {
+		return cmp.Or(strings.Compare(a.Model, b.Model), cmp.Compare(a.GPUs, b.GPUs),
+			cmp.Compare(a.CPUMilli, b.CPUMilli), cmp.Compare(a.MemoryMiB, b.MemoryMiB), strings.Compare(a.Name, b.Name))
+	})
+	var kept []trace.Node
+	for i, n := range sorted {
+		if math.Floor(float64(i+1)*fraction) > math.Floor(float64(i)*fraction) {
+			kept = append(kept, n)
+		}
+	}
+	if len(kept) == 0 {
+		return nil, fmt.Errorf("fleet fraction %v of %d nodes keeps none", fraction, len(nodes))
+	}
+	return kept, nil
+}
+
+// departureArrivals is the arrival sequence of a departures replay: the
+// tasks shuffled and padded (padded) to padding times the capacity, and cut
+// there when the task list alone asks more (as it does of a scaled fleet).
+func departureArrivals(tasks []trace.Task, capacityMilli int64, seed uint64, padding float64) []trace.Task {
+	arrivals := padded(tasks, capacityMilli, seed, padding)
+	target := int64(float64(capacityMilli) * padding)
+	var total int64
+	for i, t := range arrivals {
+		if total >= target {
+			return arrivals[:i]
+		}
+		total += t.GPUMilliTotal()
+	}
+	return arrivals
+}
+
+// ArrivalTimes spaces n arrivals as a Poisson process of the seed at the
+// rate that holds the offered GPU load at load times the capacity in a
+// steady state (Little's law): load × capacity over the mean, across the
+// task list, of a task's GPU times its duration. The offered load at a
+// moment is the GPU asked by the tasks arrived and not yet past their
+// duration: what the cluster would hold if every task started on arrival.
+// With StationaryStart's tasks present at the start it stays at that level
+// over the whole window.
+func ArrivalTimes(tasks []trace.Task, n int, capacityMilli int64, load float64, seed uint64) ([]time.Duration, error) {
+	gpuSeconds := meanGPUSeconds(tasks)
+	if n <= 0 || capacityMilli <= 0 || !(load > 0) || !(gpuSeconds > 0) {
+		return nil, fmt.Errorf("arrival times: need arrivals, capacity, a load above 0 and tasks that hold GPU for some time (%d arrivals, load %v)", n, load)
+	}
+	rate := load * float64(capacityMilli) / gpuSeconds
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
-	units := make([]float64, len(tasks))
+	times := make([]time.Duration, n)
 	var at float64
-	for i := range units {
-		at += rng.ExpFloat64()
-		units[i] = at
-	}
-	offered := func(scale float64) float64 {
-		window := scale * units[len(units)-1]
-		var gpuSeconds float64
-		for i, t := range tasks {
-			gpuSeconds += float64(t.GPUMilliTotal()) * min(t.Duration.Seconds(), window-scale*units[i])
-		}
-		return gpuSeconds / window / float64(capacityMilli)
-	}
-	// The offered load falls as arrivals spread out; its upper bound is
-	// every task arriving at once.
-	lo, hi := 1e-9, 1e12
-	if most := offered(lo); most < load {
-		return nil, fmt.Errorf("%d tasks cannot offer a load of %.2f: at most %.2f", len(tasks), load, most)
-	}
-	for range 200 {
-		mid := math.Sqrt(lo * hi)
-		if offered(mid) > load {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	times := make([]time.Duration, len(units))
-	for i, u := range units {
-		times[i] = time.Duration(lo * u * float64(time.Second))
+	for i := range times {
+		at += rng.ExpFloat64() / rate
+		times[i] = time.Duration(at * float64(time.Second))
 	}
 	return times, nil
+}
+
+// meanGPUSeconds is the mean over the tasks of GPU (milli) times duration
+// (seconds).
+func meanGPUSeconds(tasks []trace.Task) float64 {
+	var sum float64
+	for _, t := range tasks {
+		sum += float64(t.GPUMilliTotal()) * t.Duration.Seconds()
+	}
+	return sum / float64(max(len(tasks), 1))
+}
+
+// StationaryStart is what a cluster in the steady state of ArrivalTimes'
+// arrivals holds at a random moment, drawn with the seed: with tasks
+// arriving uniformly from the list, a task is present in proportion to its
+// duration, and what remains of its run is uniform over that duration. Tasks
+// are drawn until their GPU reaches load times the capacity; each comes with
+// its remaining duration and a numbered name. Without it a replay would
+// start from an empty cluster and, tasks' durations being heavy-tailed (in
+// the openb lists, tasks of a day or more hold nine tenths of the GPU time),
+// fill for the whole window instead of holding the offered load.
+func StationaryStart(tasks []trace.Task, capacityMilli int64, load float64, seed uint64) []trace.Task {
+	cumulative := make([]float64, len(tasks))
+	var total float64
+	for i, t := range tasks {
+		total += t.Duration.Seconds()
+		cumulative[i] = total
+	}
+	if !(total > 0) {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(seed^0x57a7, seed))
+	target := int64(load * float64(capacityMilli))
+	var out []trace.Task
+	for held := int64(0); held < target; {
+		i, _ := slices.BinarySearch(cumulative, rng.Float64()*total)
+		t := tasks[min(i, len(tasks)-1)]
+		t.Name = fmt.Sprintf("%s-s%d", t.Name, len(out))
+		t.Duration = time.Duration(rng.Float64() * float64(t.Duration))
+		out = append(out, t)
+		held += t.GPUMilliTotal()
+	}
+	return out
 }
 
 // live is one arrived task of a departures replay.
@@ -217,9 +295,10 @@ type departuresReplay struct {
 	nextSample            int
 }
 
-// RunDepartures replays the trace with departures: tasks arrive at
-// ArrivalTimes, wait until the scheduler places them, run for their trace
-// duration and leave. The replay ends at the last arrival. Unlike Run it
+// RunDepartures replays the trace with departures: the cluster starts with
+// the tasks of a steady state at the offered load (StationaryStart), tasks
+// arrive at ArrivalTimes, wait until the scheduler places them, run for
+// their trace duration and leave. The replay ends at the last arrival. Unlike Run it
 // reports what an operator watches: allocation over time against the load
 // offered, and how long pods waited.
 func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult, error) {
@@ -229,16 +308,27 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 			return nil, fmt.Errorf("task %s has no duration: a departures replay needs task lists with creation_time and deletion_time", t.Name)
 		}
 	}
-	nodes := GPUNodes(cfg.Nodes)
+	fleet := cmp.Or(cfg.Fleet, 1)
+	nodes, err := ScaledFleet(GPUNodes(cfg.Nodes), fleet)
+	if err != nil {
+		return nil, err
+	}
 	capacity := CapacityMilli(nodes)
 	if capacity == 0 {
 		return nil, fmt.Errorf("the trace has no GPU nodes")
 	}
-	arrivals := padded(cfg.Tasks, capacity, cfg.Seed, DeparturePadding)
-	times, err := ArrivalTimes(arrivals, capacity, cfg.Load, cfg.Seed)
+	padding := cmp.Or(cfg.Arrivals, DeparturePadding)
+	if !(padding > 0) {
+		return nil, fmt.Errorf("arrivals of %v times the capacity: want more than 0", padding)
+	}
+	initial := StationaryStart(cfg.Tasks, capacity, cfg.Load, cfg.Seed)
+	stream := departureArrivals(cfg.Tasks, capacity, cfg.Seed, padding)
+	streamTimes, err := ArrivalTimes(cfg.Tasks, len(stream), capacity, cfg.Load, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
+	arrivals := append(initial, stream...)
+	times := append(make([]time.Duration, len(initial)), streamTimes...)
 	schedCfg, err := LoadProfile(cfg.Profile)
 	if err != nil {
 		return nil, err
@@ -248,7 +338,8 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 	r := &departuresReplay{
 		ctx: ctx, client: fake.NewSimpleClientset(), start: time.Unix(0, 0), capacity: capacity,
 		pending: map[string]*live{}, running: map[string]*live{},
-		res: &DeparturesResult{Profile: cfg.Profile, Seed: cfg.Seed, Load: cfg.Load, TotalGPUs: int(capacity / 1000), Window: times[len(times)-1]},
+		res: &DeparturesResult{Profile: cfg.Profile, Seed: cfg.Seed, Load: cfg.Load, Fleet: fleet, Arrivals: padding, TotalGPUs: int(capacity / 1000),
+			Window: times[len(times)-1], Initial: len(initial)},
 	}
 	r.clock = newVirtualClock(r.start)
 	r.waits = make([]time.Duration, len(arrivals))
@@ -298,7 +389,7 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 	}
 	r.sample(r.res.Window)
 	for i, w := range r.waits {
-		if w < 0 {
+		if w < 0 || i < len(initial) {
 			continue
 		}
 		r.res.Waits = append(r.res.Waits, w)

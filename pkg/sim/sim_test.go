@@ -139,40 +139,89 @@ func timedTasks() []trace.Task {
 	return ts
 }
 
-func TestArrivalTimes(t *testing.T) {
+// TestScaledFleet keeps the fleet's mix: the cluster has four nodes of each
+// kind, so a quarter keeps one of each and half two.
+func TestScaledFleet(t *testing.T) {
+	kinds := func(nodes []trace.Node) map[string]int {
+		out := map[string]int{}
+		for _, n := range nodes {
+			out[fmt.Sprintf("%s/%d", n.Model, n.GPUs)]++
+		}
+		return out
+	}
+	nodes := sim.GPUNodes(cluster())
+	for _, tc := range []struct {
+		fraction float64
+		want     map[string]int
+	}{
+		{0.25, map[string]int{"T4/2": 1, "A10/4": 1, "V100M32/8": 1}},
+		{0.5, map[string]int{"T4/2": 2, "A10/4": 2, "V100M32/8": 2}},
+		{1, map[string]int{"T4/2": 4, "A10/4": 4, "V100M32/8": 4}},
+	} {
+		got, err := sim.ScaledFleet(nodes, tc.fraction)
+		if err != nil {
+			t.Fatalf("fraction %v: %v", tc.fraction, err)
+		}
+		if diff := cmp.Diff(tc.want, kinds(got)); diff != "" {
+			t.Errorf("fraction %v: nodes by kind (-want,+got):\n%s", tc.fraction, diff)
+		}
+	}
+	for _, bad := range []float64{0, -0.5, 1.5, 0.01} {
+		if _, err := sim.ScaledFleet(nodes, bad); err == nil {
+			t.Errorf("fraction %v accepted", bad)
+		}
+	}
+}
+
+// TestSteadyState checks that StationaryStart and ArrivalTimes hold the
+// offered load at its level from the start: the GPU asked by the tasks
+// present, computed here from their arrival and duration, averages the
+// load in every quarter of the window. An empty start would be short in the
+// first quarter, the window being a few times the longest duration.
+func TestSteadyState(t *testing.T) {
 	ts := timedTasks()
-	const capacity = 56000
+	const capacity = 560000
+	var stream []trace.Task
+	for range 200 {
+		stream = append(stream, ts...)
+	}
 	for _, load := range []float64{0.25, 0.5, 1} {
-		times, err := sim.ArrivalTimes(ts, capacity, load, 42)
+		initial := sim.StationaryStart(ts, capacity, load, 42)
+		times, err := sim.ArrivalTimes(ts, len(stream), capacity, load, 42)
 		if err != nil {
 			t.Fatalf("load %v: %v", load, err)
-		}
-		// The offered load, computed here minute by minute over the
-		// window: each task asks its GPU from arrival for its duration.
-		window := times[len(times)-1]
-		var sum float64
-		steps := 0
-		for at := time.Duration(0); at <= window; at += window / 1000 {
-			var asked int64
-			for i, task := range ts {
-				if times[i] <= at && at < times[i]+task.Duration {
-					asked += task.GPUMilliTotal()
-				}
-			}
-			sum += float64(asked) / capacity
-			steps++
-		}
-		if got := sum / float64(steps); math.Abs(got-load) > 0.05*load {
-			t.Errorf("load %v: the arrivals offer %.3f of capacity on average", load, got)
 		}
 		for i := 1; i < len(times); i++ {
 			if times[i] < times[i-1] {
 				t.Fatalf("load %v: arrival %d at %s before arrival %d at %s", load, i, times[i], i-1, times[i-1])
 			}
 		}
+		window := times[len(times)-1]
+		const steps = 200
+		var quarters [4]float64
+		for step := range steps {
+			at := window * time.Duration(step) / steps
+			var asked int64
+			for _, task := range initial {
+				if at < task.Duration {
+					asked += task.GPUMilliTotal()
+				}
+			}
+			for i, task := range stream {
+				if times[i] <= at && at < times[i]+task.Duration {
+					asked += task.GPUMilliTotal()
+				}
+			}
+			quarters[step*4/steps] += float64(asked) / capacity / (steps / 4)
+		}
+		for q, got := range quarters {
+			if math.Abs(got-load) > 0.1*load {
+				t.Errorf("load %v: the tasks offer %.3f of capacity on average in quarter %d of the window", load, got, q+1)
+			}
+		}
 	}
-	if _, err := sim.ArrivalTimes(ts, capacity, 1000, 42); err == nil {
-		t.Error("a load the tasks cannot offer was accepted")
+	if _, err := sim.ArrivalTimes(ts, 10, capacity, 0, 42); err == nil {
+		t.Error("a load of 0 was accepted")
 	}
 }
 
@@ -184,21 +233,30 @@ func TestArrivalTimes(t *testing.T) {
 func TestDepartures(t *testing.T) {
 	tCtx := ktesting.Init(t)
 	for _, tc := range []struct {
-		profile string
-		load    float64
+		profile         string
+		load            float64
+		fleet, arrivals float64
+		gpus            int
 	}{
-		{"tessera-fragmentation-aware", 0.3},
-		{"tessera-binpack", 0.95},
-		{sim.RandomProfile, 0.95},
+		{"tessera-fragmentation-aware", 0.3, 0, 0, 56},
+		{"tessera-binpack", 0.95, 0, 3, 56},
+		{sim.RandomProfile, 0.95, 0, 3, 56},
+		{"tessera-binpack", 0.95, 0.5, 6, 28},
 	} {
-		t.Run(fmt.Sprintf("%s-%v", tc.profile, tc.load), func(t *testing.T) {
-			cfg := sim.DeparturesConfig{Nodes: cluster(), Tasks: timedTasks(), Seed: 7, Profile: tc.profile, Load: tc.load}
+		t.Run(fmt.Sprintf("%s-%v-fleet%v", tc.profile, tc.load, tc.fleet), func(t *testing.T) {
+			cfg := sim.DeparturesConfig{Nodes: cluster(), Tasks: timedTasks(), Seed: 7, Profile: tc.profile, Load: tc.load, Fleet: tc.fleet, Arrivals: tc.arrivals}
 			res, err := sim.RunDepartures(tCtx, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Tasks != res.Placed+res.StillPending || res.Departed == 0 || res.Departed > res.Placed || len(res.Waits) != res.Placed {
-				t.Fatalf("%d tasks, %d placed, %d departed, %d still pending, %d waits: inconsistent", res.Tasks, res.Placed, res.Departed, res.StillPending, len(res.Waits))
+			if res.TotalGPUs != tc.gpus {
+				t.Fatalf("replayed on %d GPUs, want %d", res.TotalGPUs, tc.gpus)
+			}
+			// Waits are of the placed tasks that arrived after the start.
+			if res.Tasks != res.Placed+res.StillPending || res.Departed == 0 || res.Departed > res.Placed ||
+				res.Initial == 0 || len(res.Waits) > res.Placed || res.Placed-len(res.Waits) > res.Initial {
+				t.Fatalf("%d tasks (%d at the start), %d placed, %d departed, %d still pending, %d waits: inconsistent",
+					res.Tasks, res.Initial, res.Placed, res.Departed, res.StillPending, len(res.Waits))
 			}
 			if len(res.Allocation) != sim.DepartureSamples+1 {
 				t.Fatalf("%d samples, want %d", len(res.Allocation), sim.DepartureSamples+1)

@@ -18,9 +18,14 @@ type DepartureRun struct {
 	Trace, Policy string
 	Seed          uint64
 	Load          float64
-	TotalGPUs     int
-	// Tasks, Placed, Departed and StillPending are the replay's counts.
-	Tasks, Placed, Departed, StillPending int
+	// Fleet is the fraction of the fleet replayed on (sim.ScaledFleet),
+	// TotalGPUs its cards; Arrivals the GPU the arrivals asked, in
+	// multiples of its capacity.
+	Fleet, Arrivals float64
+	TotalGPUs       int
+	// Tasks, Initial, Placed, Departed and StillPending are the replay's
+	// counts (sim.DeparturesResult).
+	Tasks, Initial, Placed, Departed, StillPending int
 	// Window is the arrival window, in seconds of the trace's time.
 	Window float64
 	// WaitP50, WaitP90 and WaitP99 are percentiles of the placed pods'
@@ -42,8 +47,8 @@ func FromDepartures(trace string, r *sim.DeparturesResult) DepartureRun {
 		}
 	}
 	return DepartureRun{
-		Trace: trace, Policy: r.Profile, Seed: r.Seed, Load: r.Load, TotalGPUs: r.TotalGPUs,
-		Tasks: r.Tasks, Placed: r.Placed, Departed: r.Departed, StillPending: r.StillPending,
+		Trace: trace, Policy: r.Profile, Seed: r.Seed, Load: r.Load, Fleet: r.Fleet, Arrivals: r.Arrivals, TotalGPUs: r.TotalGPUs,
+		Tasks: r.Tasks, Initial: r.Initial, Placed: r.Placed, Departed: r.Departed, StillPending: r.StillPending,
 		Window:  r.Window.Seconds(),
 		WaitP50: percentile(r.Waits, 50), WaitP90: percentile(r.Waits, 90), WaitP99: percentile(r.Waits, 99),
 		MultiCardWaitP90: percentile(r.MultiCardWaits, 90),
@@ -80,7 +85,7 @@ func secondHalfMean(samples []float64) float64 {
 }
 
 // departureColumns are the departures CSV's columns before the samples.
-var departureColumns = []string{"workload", "sc_policy", "seed", "load", "total_gpus", "tasks", "placed", "departed", "still_pending",
+var departureColumns = []string{"workload", "sc_policy", "seed", "load", "fleet", "arrivals", "total_gpus", "tasks", "initial", "placed", "departed", "still_pending",
 	"window_s", "wait_p50_s", "wait_p90_s", "wait_p99_s", "multi_card_wait_p90_s", "waited_pct"}
 
 func departureHeader() []string {
@@ -103,7 +108,7 @@ func WriteDeparturesCSV(w io.Writer, runs []DepartureRun) error {
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
 	for _, r := range runs {
 		row := []string{TracePrefix + r.Trace, r.Policy, strconv.FormatUint(r.Seed, 10), strconv.FormatFloat(r.Load, 'f', -1, 64),
-			strconv.Itoa(r.TotalGPUs), strconv.Itoa(r.Tasks), strconv.Itoa(r.Placed), strconv.Itoa(r.Departed), strconv.Itoa(r.StillPending),
+			strconv.FormatFloat(r.Fleet, 'f', -1, 64), strconv.FormatFloat(r.Arrivals, 'f', -1, 64), strconv.Itoa(r.TotalGPUs), strconv.Itoa(r.Tasks), strconv.Itoa(r.Initial), strconv.Itoa(r.Placed), strconv.Itoa(r.Departed), strconv.Itoa(r.StillPending),
 			f(r.Window), f(r.WaitP50), f(r.WaitP90), f(r.WaitP99), f(r.MultiCardWaitP90), f(r.Waited)}
 		for _, v := range r.Allocation {
 			row = append(row, f(v))
@@ -144,9 +149,9 @@ func ReadDeparturesCSV(r io.Reader) ([]DepartureRun, error) {
 			return v
 		}
 		run := DepartureRun{
-			Trace: strings.TrimPrefix(rec[0], TracePrefix), Policy: rec[1], Load: num(3),
-			TotalGPUs: int(num(4)), Tasks: int(num(5)), Placed: int(num(6)), Departed: int(num(7)), StillPending: int(num(8)),
-			Window: num(9), WaitP50: num(10), WaitP90: num(11), WaitP99: num(12), MultiCardWaitP90: num(13), Waited: num(14),
+			Trace: strings.TrimPrefix(rec[0], TracePrefix), Policy: rec[1], Load: num(3), Fleet: num(4), Arrivals: num(5),
+			TotalGPUs: int(num(6)), Tasks: int(num(7)), Initial: int(num(8)), Placed: int(num(9)), Departed: int(num(10)), StillPending: int(num(11)),
+			Window: num(12), WaitP50: num(13), WaitP90: num(14), WaitP99: num(15), MultiCardWaitP90: num(16), Waited: num(17),
 		}
 		run.Seed = uint64(num(2))
 		first := len(departureColumns)
@@ -162,33 +167,55 @@ func ReadDeparturesCSV(r io.Reader) ([]DepartureRun, error) {
 	return runs, nil
 }
 
-// DepartureMean is the seed-averaged departures replays of one trace,
-// policy and load.
-type DepartureMean struct {
-	Trace, Policy string
-	Load          float64
-	Seeds         int
-	// The fields below are means over the seeds of DepartureRun's.
-	MeanAllocation, MeanOffered, WaitP50, WaitP90, WaitP99, MultiCardWaitP90, Waited, StillPending float64
-	Allocation, Offered                                                                            []float64
+// DepartureSetup is what a departures replay was run on: a trace, an
+// offered load, a fraction of the fleet (sim.ScaledFleet) and arrivals
+// asking that many times its capacity.
+type DepartureSetup struct {
+	Trace                 string
+	Load, Fleet, Arrivals float64
 }
 
-// DepartureMeans averages runs over seeds per trace, policy and load, in
+// FleetName says which fleet: "the whole fleet" or "25% of the fleet".
+func (s DepartureSetup) FleetName() string {
+	if s.Fleet == 1 {
+		return "the whole fleet"
+	}
+	return strconv.FormatFloat(100*s.Fleet, 'f', -1, 64) + "% of the fleet"
+}
+
+// Setup is what the replay was run on.
+func (r DepartureRun) Setup() DepartureSetup {
+	return DepartureSetup{r.Trace, r.Load, r.Fleet, r.Arrivals}
+}
+
+// DepartureMean is the seed-averaged departures replays of one setup and
+// policy.
+type DepartureMean struct {
+	DepartureSetup
+	Policy    string
+	TotalGPUs int
+	Seeds     int
+	// The fields below are means over the seeds of DepartureRun's.
+	MeanAllocation, MeanOffered, WaitP50, WaitP90, WaitP99, MultiCardWaitP90, Waited, StillPending, Window float64
+	Allocation, Offered                                                                                    []float64
+}
+
+// DepartureMeans averages runs over seeds per setup and policy, in
 // first-seen order.
 func DepartureMeans(runs []DepartureRun) []DepartureMean {
 	type key struct {
-		trace, policy string
-		load          float64
+		setup  DepartureSetup
+		policy string
 	}
 	var out []DepartureMean
 	index := map[key]int{}
 	for _, r := range runs {
-		k := key{r.Trace, r.Policy, r.Load}
+		k := key{r.Setup(), r.Policy}
 		i, ok := index[k]
 		if !ok {
 			i = len(out)
 			index[k] = i
-			out = append(out, DepartureMean{Trace: r.Trace, Policy: r.Policy, Load: r.Load,
+			out = append(out, DepartureMean{DepartureSetup: k.setup, Policy: r.Policy, TotalGPUs: r.TotalGPUs,
 				Allocation: make([]float64, len(r.Allocation)), Offered: make([]float64, len(r.Offered))})
 		}
 		m := &out[i]
@@ -201,6 +228,7 @@ func DepartureMeans(runs []DepartureRun) []DepartureMean {
 		m.MultiCardWaitP90 += r.MultiCardWaitP90
 		m.Waited += r.Waited
 		m.StillPending += float64(r.StillPending)
+		m.Window += r.Window
 		for s := range r.Allocation {
 			m.Allocation[s] += r.Allocation[s]
 			m.Offered[s] += r.Offered[s]
@@ -209,7 +237,7 @@ func DepartureMeans(runs []DepartureRun) []DepartureMean {
 	for i := range out {
 		m := &out[i]
 		n := float64(m.Seeds)
-		for _, v := range []*float64{&m.MeanAllocation, &m.MeanOffered, &m.WaitP50, &m.WaitP90, &m.WaitP99, &m.MultiCardWaitP90, &m.Waited, &m.StillPending} {
+		for _, v := range []*float64{&m.MeanAllocation, &m.MeanOffered, &m.WaitP50, &m.WaitP90, &m.WaitP99, &m.MultiCardWaitP90, &m.Waited, &m.StillPending, &m.Window} {
 			*v /= n
 		}
 		for s := range m.Allocation {
@@ -221,19 +249,20 @@ func DepartureMeans(runs []DepartureRun) []DepartureMean {
 }
 
 // DeparturesTable is a Markdown table of departures replays: a row per
-// trace, load and policy, traces and loads sorted, policies in the order
+// setup and policy, traces, loads and fleets sorted, policies in the order
 // given.
 func DeparturesTable(means []DepartureMean, policies []string) string {
 	sorted := slices.Clone(means)
 	slices.SortStableFunc(sorted, func(a, b DepartureMean) int {
-		return cmp.Or(strings.Compare(a.Trace, b.Trace), cmp.Compare(a.Load, b.Load), slices.Index(policies, a.Policy)-slices.Index(policies, b.Policy))
+		return cmp.Or(strings.Compare(a.Trace, b.Trace), cmp.Compare(a.Load, b.Load), cmp.Compare(a.Fleet, b.Fleet), cmp.Compare(a.Arrivals, b.Arrivals),
+			slices.Index(policies, a.Policy)-slices.Index(policies, b.Policy))
 	})
 	var b strings.Builder
-	b.WriteString("| trace | load | policy | seeds | GPU allocated % | GPU offered % | pods that waited % | wait p50 | wait p90 | wait p99 | multi-card wait p90 | still waiting at the end |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| trace | load | GPUs | arrivals (× capacity) | window | policy | seeds | GPU allocated % | GPU offered % | pods that waited % | wait p50 | wait p90 | wait p99 | multi-card wait p90 | still waiting at the end |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range sorted {
-		fmt.Fprintf(&b, "| %s | %.2f | %s | %d | %.2f | %.2f | %.1f | %s | %s | %s | %s | %.1f |\n",
-			m.Trace, m.Load, m.Policy, m.Seeds, m.MeanAllocation, m.MeanOffered, m.Waited,
+		fmt.Fprintf(&b, "| %s | %.2f | %d | %g | %s | %s | %d | %.2f | %.2f | %.1f | %s | %s | %s | %s | %.1f |\n",
+			m.Trace, m.Load, m.TotalGPUs, m.Arrivals, seconds(m.Window), m.Policy, m.Seeds, m.MeanAllocation, m.MeanOffered, m.Waited,
 			seconds(m.WaitP50), seconds(m.WaitP90), seconds(m.WaitP99), seconds(m.MultiCardWaitP90), m.StillPending)
 	}
 	return b.String()

@@ -89,13 +89,13 @@ func addLine(p *plot.Plot, label string, xys plotter.XYs, c color.Color, dashes 
 	return nil
 }
 
-// PlotDepartures draws, for one trace and load, each policy's GPU allocation
-// over the arrival window (solid) and the GPU its arrived, unfinished tasks
-// ask (dashed, same colour): the gap is what waits. The file type follows
-// the extension of path.
-func PlotDepartures(path, trace string, load float64, means []DepartureMean) error {
+// PlotDepartures draws, for one setup, each policy's GPU allocation over the
+// arrival window (solid) and the GPU its arrived, unfinished tasks ask
+// (dashed, same colour): the gap is what waits. The file type follows the
+// extension of path.
+func PlotDepartures(path string, setup DepartureSetup, means []DepartureMean) error {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("openb %s with departures, offered load %.2f: GPU over time (mean of seeds)", trace, load)
+	p.Title.Text = fmt.Sprintf("openb %s with departures, offered load %.2f, %s: GPU over time (mean of seeds)", setup.Trace, setup.Load, setup.FleetName())
 	p.X.Label.Text = "time (% of the arrival window)"
 	p.Y.Label.Text = "GPU (% of capacity)"
 	p.Add(plotter.NewGrid())
@@ -103,7 +103,7 @@ func PlotDepartures(path, trace string, load float64, means []DepartureMean) err
 	p.Legend.XOffs, p.Legend.YOffs = -vg.Millimeter*2, vg.Millimeter*10
 	i := 0
 	for _, m := range means {
-		if m.Trace != trace || m.Load != load {
+		if m.DepartureSetup != setup {
 			continue
 		}
 		c := palette[i%len(palette)]
@@ -117,7 +117,7 @@ func PlotDepartures(path, trace string, load float64, means []DepartureMean) err
 		}
 	}
 	if i == 0 {
-		return fmt.Errorf("no departures replays of %s at load %.2f", trace, load)
+		return fmt.Errorf("no departures replays of %s at load %.2f on %s", setup.Trace, setup.Load, setup.FleetName())
 	}
 	p.X.Min, p.X.Max, p.Y.Min = 0, 100, 0
 	return p.Save(9*vg.Inch, 6*vg.Inch, path)

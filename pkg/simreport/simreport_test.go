@@ -72,7 +72,7 @@ func TestMeansAndTable(t *testing.T) {
 // departureRun is a departures replay whose allocation climbs to level and
 // whose offered load is level plus 5.
 func departureRun(policy string, seed uint64, level float64) simreport.DepartureRun {
-	r := simreport.DepartureRun{Trace: "default", Policy: policy, Seed: seed, Load: 1.1, TotalGPUs: 6212, Tasks: 100, Placed: 90, Departed: 50, StillPending: 10,
+	r := simreport.DepartureRun{Trace: "default", Policy: policy, Seed: seed, Load: 1.1, Fleet: 1, Arrivals: 2, TotalGPUs: 6212, Tasks: 100, Initial: 20, Placed: 90, Departed: 50, StillPending: 10,
 		Window: 3600, WaitP50: 0, WaitP90: 30, WaitP99: 600, MultiCardWaitP90: 1200, Waited: 20}
 	for s := 0; s <= sim.DepartureSamples; s++ {
 		r.Allocation = append(r.Allocation, min(float64(2*s), level))
@@ -82,7 +82,9 @@ func departureRun(policy string, seed uint64, level float64) simreport.Departure
 }
 
 func TestDeparturesCSVRoundTripAndTable(t *testing.T) {
-	runs := []simreport.DepartureRun{departureRun("tessera-binpack", 42, 90), departureRun("tessera-binpack", 43, 80), departureRun("random", 42, 70)}
+	smaller := departureRun("tessera-binpack", 42, 60)
+	smaller.Fleet, smaller.TotalGPUs = 0.25, 1553
+	runs := []simreport.DepartureRun{departureRun("tessera-binpack", 42, 90), departureRun("tessera-binpack", 43, 80), departureRun("random", 42, 70), smaller}
 	var buf bytes.Buffer
 	if err := simreport.WriteDeparturesCSV(&buf, runs); err != nil {
 		t.Fatal(err)
@@ -99,13 +101,14 @@ func TestDeparturesCSVRoundTripAndTable(t *testing.T) {
 	}
 	// The second half of the window (samples 50..100) is flat at the level.
 	means := simreport.DepartureMeans(runs)
-	if len(means) != 2 || means[0].Seeds != 2 || means[0].MeanAllocation != 85 || means[0].MeanOffered != 90 {
-		t.Fatalf("means %+v, want binpack's 2 seeds at 85%% allocated, 90%% offered", means)
+	if len(means) != 3 || means[0].Seeds != 2 || means[0].MeanAllocation != 85 || means[0].MeanOffered != 90 {
+		t.Fatalf("means %+v, want binpack's 2 seeds on 6212 GPUs at 85%% allocated, 90%% offered, apart from its replay on 1553", means)
 	}
 	table := simreport.DeparturesTable(means, []string{"tessera-binpack", "random"})
 	for _, want := range []string{
-		"| default | 1.10 | tessera-binpack | 2 | 85.00 | 90.00 | 20.0 | 0 | 30 s | 10.0 min | 20.0 min | 10.0 |",
-		"| default | 1.10 | random | 1 | 70.00 | 75.00 |",
+		"| default | 1.10 | 6212 | 2 | 60.0 min | tessera-binpack | 2 | 85.00 | 90.00 | 20.0 | 0 | 30 s | 10.0 min | 20.0 min | 10.0 |",
+		"| default | 1.10 | 6212 | 2 | 60.0 min | random | 1 | 70.00 | 75.00 |",
+		"| default | 1.10 | 1553 | 2 | 60.0 min | tessera-binpack | 1 | 60.00 | 65.00 |",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
@@ -115,10 +118,10 @@ func TestDeparturesCSVRoundTripAndTable(t *testing.T) {
 		t.Errorf("policies not in the order given:\n%s", table)
 	}
 	path := filepath.Join(t.TempDir(), "default.svg")
-	if err := simreport.PlotDepartures(path, "default", 1.1, means); err != nil {
+	if err := simreport.PlotDepartures(path, simreport.DepartureSetup{Trace: "default", Load: 1.1, Fleet: 1, Arrivals: 2}, means); err != nil {
 		t.Fatal(err)
 	}
-	if err := simreport.PlotDepartures(path, "default", 0.5, means); err == nil {
+	if err := simreport.PlotDepartures(path, simreport.DepartureSetup{Trace: "default", Load: 0.5, Fleet: 1, Arrivals: 2}, means); err == nil {
 		t.Error("a plot with no replays at that load was drawn")
 	}
 }

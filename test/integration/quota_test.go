@@ -39,6 +39,13 @@ func TestResourceQuotaCapsGPUs(t *testing.T) {
 	if _, err := e.client.CoreV1().ResourceQuotas(e.ns).UpdateStatus(e.tCtx, quota, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The quota admission reads quotas from an informer: wait until it
+	// refuses a dry run over the quota before counting on it.
+	e.waitFor(30*time.Second, "quota team-gpus enforced", func() (bool, error) {
+		_, err := e.client.CoreV1().Pods(e.ns).Create(e.tCtx, e.podSpec("probe", "tessera-binpack", map[string]int64{"tessera.io/gpu": 2}),
+			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "exceeded quota: team-gpus"), nil
+	})
 
 	e.create(e.podSpec("share", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 16384, "tessera.io/gpu-cores": 20}))
 	e.create(e.podSpec("card", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1}))
