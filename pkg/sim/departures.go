@@ -187,7 +187,8 @@ func StationaryStart(tasks []trace.Task, capacityMilli int64, load float64, seed
 		total += t.Duration.Seconds()
 		cumulative[i] = total
 	}
-	if !(total > 0) {
+	if !(total > 0) || !(meanGPUSeconds(tasks) > 0) {
+		// Nothing holds GPU for any time: the steady state holds none.
 		return nil
 	}
 	rng := rand.New(rand.NewPCG(seed^0x57a7, seed))
@@ -321,12 +322,12 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 	if !(padding > 0) {
 		return nil, fmt.Errorf("arrivals of %v times the capacity: want more than 0", padding)
 	}
-	initial := StationaryStart(cfg.Tasks, capacity, cfg.Load, cfg.Seed)
 	stream := departureArrivals(cfg.Tasks, capacity, cfg.Seed, padding)
 	streamTimes, err := ArrivalTimes(cfg.Tasks, len(stream), capacity, cfg.Load, cfg.Seed)
 	if err != nil {
 		return nil, err
 	}
+	initial := StationaryStart(cfg.Tasks, capacity, cfg.Load, cfg.Seed)
 	arrivals := append(initial, stream...)
 	times := append(make([]time.Duration, len(initial)), streamTimes...)
 	schedCfg, err := LoadProfile(cfg.Profile)

@@ -223,6 +223,10 @@ func TestSteadyState(t *testing.T) {
 	if _, err := sim.ArrivalTimes(ts, 10, capacity, 0, 42); err == nil {
 		t.Error("a load of 0 was accepted")
 	}
+	cpuOnly := []trace.Task{{Name: "cpu", CPUMilli: 1000, Duration: time.Hour, HasDuration: true}}
+	if got := sim.StationaryStart(cpuOnly, capacity, 0.5, 42); got != nil {
+		t.Errorf("tasks without GPU make a start of %d tasks, want none", len(got))
+	}
 }
 
 // TestDepartures replays tasks that leave, under light and heavy load, and
