@@ -70,7 +70,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "sim-results", "output directory; its "+resultsFile+" is kept and extended across runs")
 	flag.StringVar(&o.plotFormat, "plot-format", "png", "plot file type: png, svg or pdf")
 	flag.BoolVar(&o.reportOnly, "report-only", false, "only rewrite the table and plots from "+resultsFile+" (or "+departuresFile+")")
-	flag.BoolVar(&o.departures, "departures", false, "tasks also leave, after their trace duration; arrivals are a Poisson process at --load (task lists with creation and deletion times only)")
+	flag.BoolVar(&o.departures, "departures", false, "tasks also leave, after their trace duration; the cluster starts in the steady state of --load and arrivals are a Poisson process holding it (task lists with creation and deletion times only)")
 	flag.Float64Var(&o.load, "load", 1, "with --departures: the offered GPU load, as a fraction of capacity")
 	flag.Float64Var(&o.fleet, "fleet", 1, "with --departures: the fraction of the GPU nodes replayed on, with the fleet's mix of nodes (a replay's cost grows with its square)")
 	flag.Float64Var(&o.arrivals, "arrivals", sim.DeparturePadding, "with --departures: the GPU the arrivals ask, in multiples of the replayed fleet's capacity; more make a longer window, in which more tasks leave")
@@ -256,14 +256,8 @@ func replay[R any](ctx context.Context, o options, jobs []job, previous []R, key
 			defer wg.Done()
 			for j := range queue {
 				name := fmt.Sprintf("%s/%s/%d", j.workload, j.profile, j.seed)
-				if j.load > 0 {
-					name += fmt.Sprintf("/load %.2f", j.load)
-				}
-				if j.fleet > 0 && j.fleet < 1 {
-					name += fmt.Sprintf("/fleet %g", j.fleet)
-				}
-				if j.arrivals > 0 && j.arrivals != sim.DeparturePadding {
-					name += fmt.Sprintf("/arrivals %g", j.arrivals)
+				for _, part := range setupParts(j.load, j.fleet, j.arrivals) {
+					name += "/" + part
 				}
 				res, line, err := replayOne(ctx, j, nodes, tasks[j.workload], func(done, total int) { bar.update(name, done, total) })
 				mu.Lock()
@@ -332,6 +326,23 @@ func report(o options, runs []simreport.Run, out io.Writer) error {
 	return nil
 }
 
+// setupParts names a departures replay's setup: its load, and its fleet and
+// arrivals where they are not the defaults ("load 0.95", "fleet 0.5"); none
+// for an allocation replay (all 0).
+func setupParts(load, fleet, arrivals float64) []string {
+	var parts []string
+	if load > 0 {
+		parts = append(parts, fmt.Sprintf("load %.2f", load))
+	}
+	if fleet > 0 && fleet < 1 {
+		parts = append(parts, fmt.Sprintf("fleet %g", fleet))
+	}
+	if arrivals > 0 && arrivals != sim.DeparturePadding {
+		parts = append(parts, fmt.Sprintf("arrivals %g", arrivals))
+	}
+	return parts
+}
+
 // reportDepartures writes the departures table and a plot per setup.
 func reportDepartures(o options, runs []simreport.DepartureRun, out io.Writer) error {
 	means := simreport.DepartureMeans(runs)
@@ -357,12 +368,9 @@ func reportDepartures(o options, runs []simreport.DepartureRun, out io.Writer) e
 	}
 	fmt.Fprintln(out, table)
 	for _, k := range setups {
-		name := fmt.Sprintf("%s-departures-load%.2f", k.Trace, k.Load)
-		if k.Fleet != 1 {
-			name += fmt.Sprintf("-fleet%g", k.Fleet)
-		}
-		if k.Arrivals != sim.DeparturePadding {
-			name += fmt.Sprintf("-arrivals%g", k.Arrivals)
+		name := k.Trace + "-departures"
+		for _, part := range setupParts(k.Load, k.Fleet, k.Arrivals) {
+			name += "-" + strings.ReplaceAll(part, " ", "")
 		}
 		path := filepath.Join(o.out, name+"."+o.plotFormat)
 		if err := simreport.PlotDepartures(path, k, means); err != nil {
