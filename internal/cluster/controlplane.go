@@ -82,6 +82,9 @@ func Start(logf func(format string, args ...any), options ...Option) (cp *Contro
 		"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
 		"--endpoint-reconciler-type=none",
 		"--authorization-mode=Node,RBAC",
+		// As kubeadm and managed clusters run it: the node agent's pod is
+		// privileged (docs/install.md).
+		"--allow-privileged=true",
 	}
 	if o.gangs {
 		flags = append(flags, "--runtime-config=scheduling.k8s.io/v1beta1=true", "--feature-gates=GenericWorkload=true")

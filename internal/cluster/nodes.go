@@ -94,13 +94,19 @@ func (cp *ControlPlane) AddDRANode(ctx context.Context, name string, spec CardSp
 	if err := os.MkdirAll(filepath.Join(dir, "registry"), 0o750); err != nil {
 		return nil, nil, err
 	}
-	driver := &dra.Driver{Node: name, Enforce: enforce.DefaultConfig(), CDIDir: filepath.Join(dir, "cdi")}
+	// The claims' shared regions go under dir, not the host's cache.
+	enforcement := enforce.DefaultConfig()
+	enforcement.Paths.HostCacheDir = filepath.Join(dir, "vgpu-cache")
+	if err := os.MkdirAll(enforcement.Paths.HostCacheDir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	driver := &dra.Driver{Node: name, Enforce: enforcement, CDIDir: filepath.Join(dir, "cdi")}
 	if err := driver.Start(ctx, client, dra.Options{PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry")}); err != nil {
 		return nil, nil, err
 	}
 	a := &agent.Agent{
 		Backend:           backend,
-		Devices:           driver,
+		Devices:           []agent.CardWatcher{driver},
 		Publisher:         &publish.Publisher{Client: client, NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second, WithoutInventory: true},
 		RescanInterval:    30 * time.Second,
 		HeartbeatInterval: 10 * time.Second,

@@ -23,10 +23,11 @@ type Agent struct {
 	// Health, when set, holds cards out of service after trouble until they
 	// have been quiet for its period.
 	Health *health.Tracker
-	// Devices, when set, is told the cards after every scan (the device
-	// plugin advertising them to kubelet, or the DRA driver publishing
-	// them as ResourceSlice devices).
-	Devices interface{ Update([]discovery.Card) }
+	// Devices are told the cards after every scan: the device plugin
+	// advertising them to kubelet or the DRA driver publishing them as
+	// ResourceSlice devices, and the NRI plugin checking assignments
+	// against them.
+	Devices []CardWatcher
 	// Metrics, when set, is told the cards after every scan, with the health
 	// published, and every XID error seen, critical or not.
 	Metrics Metrics
@@ -55,6 +56,9 @@ type xidWatch struct {
 	stopped chan struct{}
 	events  chan struct{} // a critical XID arrived
 }
+
+// CardWatcher is told the node's cards after every scan.
+type CardWatcher interface{ Update([]discovery.Card) }
 
 // Metrics records what the agent sees for its metrics.
 type Metrics interface {
@@ -176,8 +180,8 @@ func (a *Agent) scan(ctx context.Context) error {
 			}
 		}
 	}
-	if a.Devices != nil {
-		a.Devices.Update(cards)
+	for _, d := range a.Devices {
+		d.Update(cards)
 	}
 	if a.Metrics != nil {
 		a.Metrics.Update(cards)

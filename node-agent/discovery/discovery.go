@@ -12,7 +12,10 @@ import (
 
 // Card is one GPU as a backend reports it.
 type Card struct {
-	Index     int
+	Index int
+	// Minor is the card's device-node minor number (/dev/nvidia<Minor>,
+	// character major 195), which is not always its index; -1 when unknown.
+	Minor     int
 	UUID      string
 	Model     string
 	MemoryMiB int64

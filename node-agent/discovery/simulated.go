@@ -51,7 +51,7 @@ func NewSimulated(node, spec string) (*Simulated, error) {
 		for i := 0; i < count; i++ {
 			index := len(s.cards)
 			s.cards = append(s.cards, Card{
-				Index: index, UUID: fmt.Sprintf("GPU-sim-%s-%d", node, index), Model: model,
+				Index: index, Minor: index, UUID: fmt.Sprintf("GPU-sim-%s-%d", node, index), Model: model,
 				MemoryMiB: memoryMiB, NUMANode: -1, Healthy: true,
 			})
 		}

@@ -2,6 +2,8 @@ package dra
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -60,10 +62,13 @@ func claim(results []resourceapi.DeviceRequestAllocationResult, configs ...resou
 }
 
 func TestPrepare(t *testing.T) {
-	paths := enforce.DefaultPaths()
+	cfg := enforce.DefaultConfig()
+	cfg.Paths.HostCacheDir = t.TempDir()
+	paths := cfg.Paths
 	// In the CDI library's order: a stable sort by the depth of the
-	// container path.
-	shareMounts := []string{paths.HostPreload + ":/etc/ld.so.preload", paths.HostLockDir + ":/tmp/vgpulock", paths.HostLibrary + ":/usr/local/vgpu/libvgpu.so", paths.HostCacheDir + ":/usr/local/vgpu/cache"}
+	// container path. The claim's own region, and no other.
+	shareMounts := []string{paths.HostPreload + ":/etc/ld.so.preload", paths.HostLibrary + ":/usr/local/vgpu/libvgpu.so",
+		paths.HostCacheDir + "/claim-uid-1.cache:/usr/local/vgpu/cache/claim-uid-1.cache"}
 	for _, tc := range []struct {
 		name    string
 		claim   *resourceapi.ResourceClaim
@@ -75,7 +80,7 @@ func TestPrepare(t *testing.T) {
 	}{{
 		name:  "a share of one card",
 		claim: claim([]resourceapi.DeviceRequestAllocationResult{result("gpu", "gpu-1", "7Gi", "30")}, config(resourceapi.AllocationConfigSourceClass, limited)),
-		wantEnv: []string{"NVIDIA_VISIBLE_DEVICES=GPU-bbb", "CUDA_DEVICE_MEMORY_LIMIT_0=7168m", "CUDA_DEVICE_SM_LIMIT_0=30",
+		wantEnv: []string{"TESSERA_CLAIM=uid-1", "NVIDIA_VISIBLE_DEVICES=GPU-bbb", "CUDA_DEVICE_MEMORY_LIMIT_0=7168m", "CUDA_DEVICE_SM_LIMIT_0=30",
 			"CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/cache/claim-uid-1.cache", "GPU_CORE_UTILIZATION_POLICY=force", "CUDA_TASK_PRIORITY=1", "TESSERA_CLAIM_GPU_0=GPU-bbb"},
 		wantMounts:  shareMounts,
 		wantDevices: []string{"tessera.io/claim=uid-1-gpu-1 nvidia.com/gpu=1"},
@@ -83,7 +88,7 @@ func TestPrepare(t *testing.T) {
 		name: "two cards, the claim's configuration over the class's, a quantity not in whole MiB",
 		claim: claim([]resourceapi.DeviceRequestAllocationResult{result("gpus", "gpu-0", "1000000", "100"), result("gpus", "gpu-1", "2Gi", "100")},
 			config(resourceapi.AllocationConfigSourceClass, limited), config(resourceapi.AllocationConfigSourceClaim, high, "gpus")),
-		wantEnv: []string{"NVIDIA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb", "CUDA_DEVICE_MEMORY_LIMIT_0=1m", "CUDA_DEVICE_SM_LIMIT_0=100",
+		wantEnv: []string{"TESSERA_CLAIM=uid-1", "NVIDIA_VISIBLE_DEVICES=GPU-aaa,GPU-bbb", "CUDA_DEVICE_MEMORY_LIMIT_0=1m", "CUDA_DEVICE_SM_LIMIT_0=100",
 			"CUDA_DEVICE_MEMORY_LIMIT_1=2048m", "CUDA_DEVICE_SM_LIMIT_1=100",
 			"CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/cache/claim-uid-1.cache", "CUDA_TASK_PRIORITY=0", "TESSERA_CLAIM_GPU_0=GPU-aaa", "TESSERA_CLAIM_GPU_1=GPU-bbb"},
 		wantMounts:  shareMounts,
@@ -91,12 +96,12 @@ func TestPrepare(t *testing.T) {
 	}, {
 		name:        "whole cards: no interception",
 		claim:       claim([]resourceapi.DeviceRequestAllocationResult{result("gpu", "gpu-0", "23034Mi", "100"), {Request: "other", Driver: "other.example.com", Pool: node, Device: "x"}}, config(resourceapi.AllocationConfigSourceClass, whole)),
-		wantEnv:     []string{"NVIDIA_VISIBLE_DEVICES=GPU-aaa", "TESSERA_CLAIM_GPU_0=GPU-aaa"},
+		wantEnv:     []string{"TESSERA_CLAIM=uid-1", "NVIDIA_VISIBLE_DEVICES=GPU-aaa", "TESSERA_CLAIM_GPU_0=GPU-aaa"},
 		wantDevices: []string{"tessera.io/claim=uid-1-gpu-0 nvidia.com/gpu=0"},
 	}, {
 		name:        "a result without consumed capacity is the whole card",
 		claim:       claim([]resourceapi.DeviceRequestAllocationResult{result("gpu", "gpu-0", "", "")}, config(resourceapi.AllocationConfigSourceClass, whole)),
-		wantEnv:     []string{"NVIDIA_VISIBLE_DEVICES=GPU-aaa", "TESSERA_CLAIM_GPU_0=GPU-aaa"},
+		wantEnv:     []string{"TESSERA_CLAIM=uid-1", "NVIDIA_VISIBLE_DEVICES=GPU-aaa", "TESSERA_CLAIM_GPU_0=GPU-aaa"},
 		wantDevices: []string{"tessera.io/claim=uid-1-gpu-0 nvidia.com/gpu=0"},
 	}, {
 		name:  "another node's pool: nothing to prepare here",
@@ -128,7 +133,8 @@ func TestPrepare(t *testing.T) {
 		wantErr: "claim ns/c: not allocated",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &Driver{Node: node, Enforce: enforce.DefaultConfig(), CDIDir: t.TempDir()}
+			_ = os.Remove(filepath.Join(paths.HostCacheDir, "claim-uid-1.cache")) // an earlier case's
+			d := &Driver{Node: node, Enforce: cfg, CDIDir: t.TempDir()}
 			d.Update(testCards)
 			got, err := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{tc.claim})
 			if err != nil {
@@ -175,6 +181,11 @@ func TestPrepare(t *testing.T) {
 			if diff := cmp.Diff(tc.wantMounts, mounts); diff != "" {
 				t.Errorf("mounts (-want,+got):\n%s", diff)
 			}
+			// A share's region is there, empty, before any container starts.
+			info, err := os.Stat(filepath.Join(paths.HostCacheDir, "claim-uid-1.cache"))
+			if shared := len(tc.wantMounts) > 0; shared != (err == nil) || (shared && info.Size() != 0) {
+				t.Errorf("the claim's region: %v, %v; want one, empty, only for a share", info, err)
+			}
 		})
 	}
 }
@@ -191,7 +202,9 @@ func TestPrepareBeforeDiscovery(t *testing.T) {
 }
 
 func TestUnprepare(t *testing.T) {
-	d := &Driver{Node: node, Enforce: enforce.DefaultConfig(), CDIDir: t.TempDir()}
+	cfg := enforce.DefaultConfig()
+	cfg.Paths.HostCacheDir = t.TempDir()
+	d := &Driver{Node: node, Enforce: cfg, CDIDir: t.TempDir()}
 	d.Update(testCards)
 	c := claim([]resourceapi.DeviceRequestAllocationResult{result("gpu", "gpu-0", "1Gi", "10")})
 	if got, _ := d.PrepareResourceClaims(context.Background(), []*resourceapi.ResourceClaim{c}); got[c.UID].Err != nil {
@@ -209,6 +222,9 @@ func TestUnprepare(t *testing.T) {
 	}
 	if devs := cache.ListDevices(); len(devs) != 0 {
 		t.Errorf("CDI devices left after unprepare: %v", devs)
+	}
+	if left, _ := os.ReadDir(cfg.Paths.HostCacheDir); len(left) != 0 {
+		t.Errorf("shared regions left after unprepare: %v", left)
 	}
 }
 

@@ -43,8 +43,8 @@ func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 	return out, nil
 }
 
-// UnprepareResourceClaims removes the claims' CDI specs; a claim never
-// prepared, or already unprepared, is not an error.
+// UnprepareResourceClaims removes the claims' CDI specs and shared
+// regions; a claim never prepared, or already unprepared, is not an error.
 func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, claim := range claims {
@@ -52,7 +52,7 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 		if errors.Is(err, os.ErrNotExist) {
 			err = nil
 		}
-		out[claim.UID] = err
+		out[claim.UID] = errors.Join(err, d.Enforce.Paths.RemoveRegion(enforce.ClaimRegionName(claim.UID)))
 	}
 	return out, nil
 }
@@ -112,7 +112,12 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 	if params.TaskPriority == gpuinfo.TaskPriorityHigh {
 		priority = "0"
 	}
-	adj := d.Enforce.Cards(assigned, params.Sharing == gpuinfo.SharingWhole, "claim-"+string(claim.UID)+".cache", priority)
+	adj := d.Enforce.Cards(assigned, params.Sharing == gpuinfo.SharingWhole, enforce.ClaimRegionName(claim.UID), priority)
+	if adj.Region != "" {
+		if err := d.Enforce.Paths.CreateRegion(adj.Region); err != nil {
+			return nil, err
+		}
+	}
 	for i := range devices {
 		if i < len(adj.CDIDevices) {
 			devices[i].CDIDeviceIDs = append(devices[i].CDIDeviceIDs, adj.CDIDevices[i])
@@ -174,6 +179,9 @@ func deviceName(claim types.UID, device string) string { return string(claim) + 
 // directory never sees half a file).
 func (d *Driver) writeSpec(claim types.UID, cards []gpuinfo.CardAssignment, adj *enforce.Adjustment) error {
 	spec := &cdispec.Spec{Kind: cdiKind}
+	// The claim's name on the node: containers holding cards through it
+	// share its cards once (enforce.ClaimEnv).
+	spec.ContainerEdits.Env = []string{enforce.ClaimEnv + "=" + string(claim)}
 	for _, e := range adj.Env {
 		spec.ContainerEdits.Env = append(spec.ContainerEdits.Env, e.Name+"="+e.Value)
 	}

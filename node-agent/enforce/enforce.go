@@ -5,15 +5,18 @@
 package enforce
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -24,10 +27,10 @@ type Paths struct {
 	// HostPreload is a host file containing the library's container path,
 	// mounted as /etc/ld.so.preload.
 	HostPreload string
-	// HostCacheDir holds one shared-cache file per container.
+	// HostCacheDir holds the library's shared regions: one file per
+	// container (per claim, with --dra), each mounted into its container
+	// alone.
 	HostCacheDir string
-	// HostLockDir is the lock directory the library expects.
-	HostLockDir string
 }
 
 // DefaultPaths are the host paths used when none are configured.
@@ -36,7 +39,6 @@ func DefaultPaths() Paths {
 		HostLibrary:  "/usr/local/vgpu/libvgpu.so",
 		HostPreload:  "/usr/local/vgpu/ld.so.preload",
 		HostCacheDir: "/var/lib/tessera/vgpu-cache",
-		HostLockDir:  "/tmp/vgpulock",
 	}
 }
 
@@ -45,8 +47,66 @@ const (
 	containerLibrary  = "/usr/local/vgpu/libvgpu.so"
 	containerPreload  = "/etc/ld.so.preload"
 	containerCacheDir = "/usr/local/vgpu/cache"
-	containerLockDir  = "/tmp/vgpulock"
 )
+
+// HAMiCoreVersion is the HAMi-core commit whose shared region and files the
+// agent is written for (docs/node-agent.md): the region (layout 1.2) is the
+// only file the library shares between a container's processes, and nothing
+// is shared between containers (its host-wide lock file is never taken).
+const HAMiCoreVersion = "8f3a89c67b037d8fdfe6c4cd4d8c4f0cd6504811"
+
+// CreateRegion creates the empty shared-region file name in the cache
+// directory, or empties an old one, writable by any user of the container
+// that mounts it: the library initialises an empty region from the
+// environment of the container's first process, and an old one would keep
+// its limits.
+func (p Paths) CreateRegion(name string) error {
+	path, err := p.regionPath(name)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|syscall.O_NOFOLLOW, 0o666)
+	if err != nil {
+		return fmt.Errorf("creating the shared region of the interception library: %w", err)
+	}
+	err = f.Chmod(0o666) // whatever the agent's umask
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// RemoveRegion removes the shared-region file name; one already gone is
+// not an error.
+func (p Paths) RemoveRegion(name string) error {
+	path, err := p.regionPath(name)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// regionPath is the host path of the shared-region file name, which must be
+// a plain file name.
+func (p Paths) regionPath(name string) (string, error) {
+	if name == "" || name != filepath.Base(name) || strings.HasPrefix(name, ".") {
+		return "", fmt.Errorf("invalid shared-region file name %q", name)
+	}
+	return filepath.Join(p.HostCacheDir, name), nil
+}
+
+// RegionName is the shared-region file of the container with runtime ID id,
+// or of the claim with UID claim (claims share one region among their
+// containers).
+func RegionName(id string) string { return id + regionSuffix }
+
+// ClaimRegionName is the shared-region file of a claim.
+func ClaimRegionName(claim types.UID) string { return "claim-" + string(claim) + regionSuffix }
+
+const regionSuffix = ".cache"
 
 // WritePreload makes the host's preload file name the library as the
 // container sees it, so that mounting it as /etc/ld.so.preload loads the
@@ -144,6 +204,14 @@ type Adjustment struct {
 	CDIDevices []string
 	// Mounts are bind mounts.
 	Mounts []Mount
+	// Region is the shared-region file (in the cache directory) to create
+	// before the container starts; "" when it gets none.
+	Region string
+	// Holdings are the shares of cards the container gets: by its
+	// assignment, or by its Tessera claims (whose CDI devices then hand
+	// them over, with no change made here). None for a container without
+	// cards.
+	Holdings []Holding
 }
 
 // EnvVar is one environment variable.
@@ -176,13 +244,36 @@ func NoGPU() *Adjustment {
 	return &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "void"}}}
 }
 
+// Node is what the agent knows of its node when it adjusts a container.
+type Node struct {
+	// Name is the node's name.
+	Name string
+	// Cards are the node's cards as the agent last discovered them; nil
+	// before the first scan.
+	Cards []discovery.Card
+	// Claims reads the ResourceClaims a container uses.
+	Claims ClaimGetter
+}
+
+// card is the node's card with index i.
+func (n Node) card(i int) (discovery.Card, bool) {
+	for _, c := range n.Cards {
+		if c.Index == i {
+			return c, true
+		}
+	}
+	return discovery.Card{}, false
+}
+
 // For returns the adjustment for container of pod, as created on node by a
-// sandbox of uid. A container that asks for no GPUs gets NoGPU, unless it
-// uses resource claims (DRA): it is left as its claims' CDI devices make it. It returns an
+// sandbox of uid under the runtime's container ID id. A container that asks for no GPUs gets NoGPU, unless it
+// uses a claim of Tessera's driver allocated on this node and reserved for
+// this pod: it is left as that claim's CDI devices make it. It returns an
 // error — the container must not start — when the pod is not bound to this
 // node under that UID, or when the container asks for GPUs and the pod has
-// no valid assignment for it, or an invalid annotation.
-func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjustment, error) {
+// no valid assignment for it, or one naming cards this node does not have as
+// named, or an invalid annotation.
+func (c Config) For(pod *v1.Pod, uid types.UID, container, id string, node Node) (*Adjustment, error) {
 	req, err := gpuinfo.ParsePodRequest(pod, c.Names)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
@@ -196,18 +287,19 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjust
 		}
 	}
 	if cr == nil {
-		if usesClaims(pod, container) {
-			// Its claims' CDI devices, from the DRA driver, decide which
-			// cards it sees and with what limits.
-			return &Adjustment{}, nil
+		holdings, err := claimHoldings(pod, uid, container, node)
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s, container %q: %w", pod.Namespace, pod.Name, container, err)
+		}
+		if len(holdings) > 0 {
+			// Its Tessera claims' CDI devices, from the DRA driver, decide
+			// which cards it sees and with what limits.
+			return &Adjustment{Holdings: holdings}, nil
 		}
 		return NoGPU(), nil
 	}
-	switch {
-	case pod.UID != uid:
-		return nil, fmt.Errorf("pod %s/%s: the API's pod has UID %s, the sandbox %s; refusing to give GPUs to another pod's container", pod.Namespace, pod.Name, pod.UID, uid)
-	case pod.Spec.NodeName != node:
-		return nil, fmt.Errorf("pod %s/%s is bound to node %q, not %q", pod.Namespace, pod.Name, pod.Spec.NodeName, node)
+	if err := boundHere(pod, uid, node.Name); err != nil {
+		return nil, err
 	}
 	raw, ok := pod.Annotations[gpuinfo.AssignmentAnnotation]
 	if !ok {
@@ -221,18 +313,70 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, node string) (*Adjust
 	if len(cards) != cr.Count {
 		return nil, fmt.Errorf("pod %s/%s: container %q asks for %d GPUs but its assignment lists %d", pod.Namespace, pod.Name, container, cr.Count, len(cards))
 	}
+	if err := node.checkCards(cards); err != nil {
+		return nil, fmt.Errorf("pod %s/%s: container %q: %s: %w", pod.Namespace, pod.Name, container, gpuinfo.AssignmentAnnotation, err)
+	}
 	whole := cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0
-	cacheFile := string(pod.UID) + "_" + container + ".cache"
-	return c.Cards(cards, whole, cacheFile, c.taskPriority(pod, req.TaskPriority)), nil
+	adj := c.Cards(cards, whole, RegionName(id), c.taskPriority(pod, req.TaskPriority))
+	adj.Holdings = []Holding{{Key: ContainerKey(id), Cards: cards}}
+	return adj, nil
+}
+
+// boundHere refuses a pod that is not bound to node under uid: its
+// assignment or claims are not this sandbox's to use.
+func boundHere(pod *v1.Pod, uid types.UID, node string) error {
+	switch {
+	case pod.UID != uid:
+		return fmt.Errorf("pod %s/%s: the API's pod has UID %s, the sandbox %s; refusing to give GPUs to another pod's container", pod.Namespace, pod.Name, pod.UID, uid)
+	case pod.Spec.NodeName != node:
+		return fmt.Errorf("pod %s/%s is bound to node %q, not %q", pod.Namespace, pod.Name, pod.Spec.NodeName, node)
+	}
+	return nil
+}
+
+// checkCards refuses cards that are not the node's own as named (the index
+// and UUID of one card) or a share larger than the card.
+func (n Node) checkCards(cards []gpuinfo.CardAssignment) error {
+	if n.Cards == nil {
+		return errors.New("the node agent has not discovered this node's cards yet (kubelet will retry)")
+	}
+	for _, want := range cards {
+		card, ok := n.card(want.Index)
+		switch {
+		case !ok:
+			return fmt.Errorf("card %d: node %s has no card with that index", want.Index, n.Name)
+		case card.UUID != want.UUID:
+			return fmt.Errorf("card %d: its UUID on node %s is %s, not %s", want.Index, n.Name, card.UUID, want.UUID)
+		case want.MemoryMiB > card.MemoryMiB:
+			return fmt.Errorf("card %d (%s): %d MiB is more than the card's %d MiB", want.Index, want.UUID, want.MemoryMiB, card.MemoryMiB)
+		}
+	}
+	return nil
+}
+
+// ContainerKey is the Holding key of the container with runtime ID id.
+func ContainerKey(id string) string { return "container/" + id }
+
+// ClaimKey is the Holding key of a claim.
+func ClaimKey(claim types.UID) string { return "claim/" + string(claim) }
+
+// Holding is a share of cards and what holds it: one container's
+// assignment, or one claim (which all the containers using it share).
+type Holding struct {
+	// Key names the holder: ContainerKey or ClaimKey.
+	Key string
+	// Cards are the cards held, each with its share.
+	Cards []gpuinfo.CardAssignment
 }
 
 // Cards is the adjustment that gives a container cards: visible by UUID (and
 // as CDI devices when CDIKind is set) and, unless whole, limited to each
-// card's share by the interception library, whose shared-cache file in the
-// cache directory is cacheFile. taskPriority is the library's
+// card's share by the interception library, whose shared region is the file
+// region of the cache directory, mounted into the container alone (the
+// caller creates it first: Region). taskPriority is the library's
 // CUDA_TASK_PRIORITY, "0" (high) or "1" (low). Whole cards get no
 // interception, so no overhead.
-func (c Config) Cards(cards []gpuinfo.CardAssignment, whole bool, cacheFile, taskPriority string) *Adjustment {
+func (c Config) Cards(cards []gpuinfo.CardAssignment, whole bool, region, taskPriority string) *Adjustment {
 	uuids := make([]string, len(cards))
 	adj := &Adjustment{}
 	for i, card := range cards {
@@ -253,28 +397,17 @@ func (c Config) Cards(cards []gpuinfo.CardAssignment, whole bool, cacheFile, tas
 			EnvVar{"CUDA_DEVICE_SM_LIMIT_" + n, strconv.FormatInt(card.Cores, 10)})
 		belowFull = belowFull || card.Cores < gpuinfo.FullCores
 	}
-	adj.Env = append(adj.Env, EnvVar{"CUDA_DEVICE_MEMORY_SHARED_CACHE", filepath.Join(containerCacheDir, cacheFile)})
+	containerRegion := containerCacheDir + "/" + region
+	adj.Env = append(adj.Env, EnvVar{"CUDA_DEVICE_MEMORY_SHARED_CACHE", containerRegion})
 	if belowFull {
 		adj.Env = append(adj.Env, EnvVar{"GPU_CORE_UTILIZATION_POLICY", "force"})
 	}
 	adj.Env = append(adj.Env, EnvVar{taskPriorityEnv, taskPriority})
+	adj.Region = region
 	adj.Mounts = []Mount{
 		{Source: c.Paths.HostLibrary, Destination: containerLibrary, ReadOnly: true},
 		{Source: c.Paths.HostPreload, Destination: containerPreload, ReadOnly: true},
-		{Source: c.Paths.HostCacheDir, Destination: containerCacheDir},
-		{Source: c.Paths.HostLockDir, Destination: containerLockDir},
+		{Source: filepath.Join(c.Paths.HostCacheDir, region), Destination: containerRegion},
 	}
 	return adj
-}
-
-// usesClaims reports whether the named container of pod uses resource claims.
-func usesClaims(pod *v1.Pod, container string) bool {
-	for _, list := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
-		for i := range list {
-			if list[i].Name == container {
-				return len(list[i].Resources.Claims) > 0
-			}
-		}
-	}
-	return false
 }

@@ -1,6 +1,7 @@
 package enforce
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -36,24 +38,37 @@ func podWith(limits map[v1.ResourceName]string, assignment string, priority *int
 	return p.Obj()
 }
 
+// testCards are node-1's cards: index i is GPU-i, 80 GiB.
+func testCards() []discovery.Card {
+	var cards []discovery.Card
+	for i := 0; i < 4; i++ {
+		cards = append(cards, discovery.Card{Index: i, Minor: i, UUID: fmt.Sprint("GPU-", i), MemoryMiB: 81920, Healthy: true})
+	}
+	return cards
+}
+
+// testNode is node-1 with testCards and no claims.
+func testNode() Node { return Node{Name: "node-1", Cards: testCards()} }
+
 func TestFor(t *testing.T) {
 	cfg := Config{Names: gpuinfo.DefaultResourceNames(), Paths: DefaultPaths(), HighTaskPriority: 1000}
+	// The container's own shared region, and nothing of its neighbours'.
 	mounts := []Mount{
 		{Source: "/usr/local/vgpu/libvgpu.so", Destination: "/usr/local/vgpu/libvgpu.so", ReadOnly: true},
 		{Source: "/usr/local/vgpu/ld.so.preload", Destination: "/etc/ld.so.preload", ReadOnly: true},
-		{Source: "/var/lib/tessera/vgpu-cache", Destination: "/usr/local/vgpu/cache"},
-		{Source: "/tmp/vgpulock", Destination: "/tmp/vgpulock"},
+		{Source: "/var/lib/tessera/vgpu-cache/ctr-1.cache", Destination: "/usr/local/vgpu/cache/ctr-1.cache"},
 	}
+	gpu1 := []gpuinfo.CardAssignment{{Index: 1, UUID: "GPU-1", MemoryMiB: 4096, Cores: 30}}
 	// oneCard is the adjustment of a container with card GPU-1 (4096 MiB,
 	// 30 cores) at the given task priority.
 	oneCard := func(taskPriority string) *Adjustment {
 		return &Adjustment{Env: []EnvVar{
 			{"NVIDIA_VISIBLE_DEVICES", "GPU-1"},
 			{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
-			{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+			{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
 			{"GPU_CORE_UTILIZATION_POLICY", "force"},
 			{"CUDA_TASK_PRIORITY", taskPriority},
-		}, Mounts: mounts}
+		}, Mounts: mounts, Region: "ctr-1.cache", Holdings: []Holding{{Key: "container/ctr-1", Cards: gpu1}}}
 	}
 	share := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30},{"index":3,"uuid":"GPU-3","memoryMiB":4096,"cores":30}]}}`
 	one := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30}]}}`
@@ -63,6 +78,7 @@ func TestFor(t *testing.T) {
 		pod       *v1.Pod
 		container string
 		uid, node string
+		cards     []discovery.Card
 		want      *Adjustment
 		wantErr   string
 	}{
@@ -73,10 +89,12 @@ func TestFor(t *testing.T) {
 				{"NVIDIA_VISIBLE_DEVICES", "GPU-1,GPU-3"},
 				{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
 				{"CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_1", "30"},
-				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/uid-1_con0.cache"},
+				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
 				{"GPU_CORE_UTILIZATION_POLICY", "force"},
 				{"CUDA_TASK_PRIORITY", "1"},
-			}, Mounts: mounts},
+			}, Mounts: mounts, Region: "ctr-1.cache", Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{
+				{Index: 1, UUID: "GPU-1", MemoryMiB: 4096, Cores: 30}, {Index: 3, UUID: "GPU-3", MemoryMiB: 4096, Cores: 30},
+			}}}},
 		},
 		{
 			name: "a pod at the high task priority computes first on its shared card",
@@ -106,12 +124,12 @@ func TestFor(t *testing.T) {
 		{
 			name: "whole cards get no task priority, whatever the pod's priority",
 			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole, ptr.To[int32](5000), "high"),
-			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}},
+			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}, Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{{Index: 2, UUID: "GPU-2", MemoryMiB: 81920, Cores: 100}}}}},
 		},
 		{
 			name: "whole cards get only the cards",
 			pod:  pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
-			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}},
+			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}, Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{{Index: 2, UUID: "GPU-2", MemoryMiB: 81920, Cores: 100}}}}},
 		},
 		{
 			name: "a container without GPUs sees none",
@@ -119,13 +137,30 @@ func TestFor(t *testing.T) {
 			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "void"}}},
 		},
 		{
-			name: "a container with DRA claims is left to their CDI devices",
-			pod: func() *v1.Pod {
-				p := pod(nil, "")
-				p.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
-				return p
-			}(),
-			want: &Adjustment{},
+			name:    "a claim the pod does not declare: the container must not start",
+			pod:     withClaim(pod(nil, ""), "gpu", ""),
+			wantErr: `resource claim "gpu" is not among the pod's spec.resourceClaims`,
+		},
+		{
+			name:    "an assignment naming a card index this node does not have",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, `{"version":1,"containers":{"con0":[{"index":7,"uuid":"GPU-7","memoryMiB":4096,"cores":100}]}}`),
+			wantErr: "card 7: node node-1 has no card with that index",
+		},
+		{
+			name:    "an assignment naming a card by another card's index",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, `{"version":1,"containers":{"con0":[{"index":2,"uuid":"GPU-3","memoryMiB":4096,"cores":100}]}}`),
+			wantErr: "card 2: its UUID on node node-1 is GPU-2, not GPU-3",
+		},
+		{
+			name:    "an assignment of more memory than the card has",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu-memory": "90000"}, `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":90000,"cores":0}]}}`),
+			wantErr: "card 1 (GPU-1): 90000 MiB is more than the card's 81920 MiB",
+		},
+		{
+			name:    "cards not discovered yet: kubelet retries",
+			pod:     pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
+			cards:   []discovery.Card{},
+			wantErr: "has no card with that index",
 		},
 		{
 			name:      "another container of a GPU pod sees none",
@@ -173,7 +208,12 @@ func TestFor(t *testing.T) {
 			if tc.node != "" {
 				node = tc.node
 			}
-			got, err := cfg.For(tc.pod, types.UID(uid), container, node)
+			n := testNode()
+			n.Name = node
+			if tc.cards != nil {
+				n.Cards = tc.cards
+			}
+			got, err := cfg.For(tc.pod, types.UID(uid), container, "ctr-1", n)
 			if testutil.CheckError(t, err, tc.wantErr) {
 				return
 			}
@@ -217,7 +257,7 @@ func TestCDIDevices(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := DefaultConfig()
 			cfg.CDINames = tc.naming
-			got, err := cfg.For(tc.pod, "uid-1", "con0", "node-1")
+			got, err := cfg.For(tc.pod, "uid-1", "con0", "ctr-1", testNode())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -249,5 +289,44 @@ func TestCheckEnv(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			testutil.CheckError(t, adj.CheckEnv(tc.env), tc.wantErr)
 		})
+	}
+}
+
+// TestRegions: a container's shared region is created empty and writable by
+// any user of the container (an old one is emptied, so its limits do not
+// survive), only as a plain file of the cache directory, and removed.
+func TestRegions(t *testing.T) {
+	paths := DefaultPaths()
+	paths.HostCacheDir = t.TempDir()
+	name := RegionName("ctr-1")
+	path := filepath.Join(paths.HostCacheDir, name)
+	if err := os.WriteFile(path, []byte("an old region's limits"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := paths.CreateRegion(name); err != nil {
+		t.Fatal(err)
+	}
+	info, err := os.Stat(path)
+	if err != nil || info.Size() != 0 || info.Mode().Perm() != 0o666 {
+		t.Errorf("region = %v, %v; want empty, mode 0666", info, err)
+	}
+	for _, bad := range []string{"", "../escape.cache", "sub/x.cache", ".hidden"} {
+		if err := paths.CreateRegion(bad); err == nil {
+			t.Errorf("CreateRegion(%q) succeeded", bad)
+		}
+	}
+	if err := os.Symlink("/etc/hostname", filepath.Join(paths.HostCacheDir, "link.cache")); err != nil {
+		t.Fatal(err)
+	}
+	if err := paths.CreateRegion("link.cache"); err == nil {
+		t.Error("CreateRegion followed a symbolic link")
+	}
+	for i := 0; i < 2; i++ { // gone the second time: no error
+		if err := paths.RemoveRegion(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("region still there: %v", err)
 	}
 }

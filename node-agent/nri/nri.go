@@ -25,6 +25,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -35,6 +36,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 )
 
@@ -45,6 +47,7 @@ type PodGetter func(namespace, name string) (*v1.Pod, error)
 const (
 	reasonNotConnected = "NRI plugin not connected to the container runtime"
 	reasonNoPodCache   = "pod cache not synced"
+	reasonNoCards      = "the node's cards not discovered yet"
 )
 
 // Plugin adjusts containers at creation.
@@ -61,8 +64,15 @@ type Plugin struct {
 	PodWait time.Duration
 	// RetryMax caps the wait between reconnection attempts (30 s if zero).
 	RetryMax time.Duration
+	// Claims reads a resource claim a container uses, as the API server has
+	// it (within ctx); nil refuses every container that uses one and holds
+	// no assignment.
+	Claims func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
 
-	pods atomic.Pointer[PodGetter]
+	pods  atomic.Pointer[PodGetter]
+	cards atomic.Pointer[[]discovery.Card]
+	// live are the shares held by the containers running now.
+	live shares
 	// dial replaces the unix-socket dialer in tests.
 	dial func(socket string) (net.Conn, error)
 
@@ -80,8 +90,34 @@ func (p *Plugin) SetPods(pods PodGetter) {
 	p.changed()
 }
 
+// Update tells the plugin the node's cards, after every scan: assignments
+// and claims are checked against them.
+func (p *Plugin) Update(cards []discovery.Card) {
+	cards = slices.Clone(cards)
+	if cards == nil {
+		cards = []discovery.Card{}
+	}
+	if p.cards.Swap(&cards) == nil {
+		p.changed()
+	}
+}
+
+// node is what the plugin knows of its node now; claims are read within
+// ctx.
+func (p *Plugin) node(ctx context.Context) enforce.Node {
+	n := enforce.Node{Name: p.Node}
+	if p.Claims != nil {
+		n.Claims = func(namespace, name string) (*resourceapi.ResourceClaim, error) { return p.Claims(ctx, namespace, name) }
+	}
+	if cards := p.cards.Load(); cards != nil {
+		n.Cards = *cards
+	}
+	return n
+}
+
 // NotReady says why the plugin cannot enforce assignments now, or "" when
-// it can: it is connected to the runtime and its pod cache has synced.
+// it can: it is connected to the runtime, its pod cache has synced and it
+// knows the node's cards.
 func (p *Plugin) NotReady() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -92,6 +128,8 @@ func (p *Plugin) NotReady() string {
 		return reasonNotConnected
 	case p.pods.Load() == nil:
 		return reasonNoPodCache
+	case p.cards.Load() == nil:
+		return reasonNoCards
 	}
 	return ""
 }
@@ -126,10 +164,39 @@ func (p *Plugin) setConnected(connected bool, err error) {
 	p.changed()
 }
 
-// Synchronize is the runtime's first call after the plugin registered.
-func (p *Plugin) Synchronize(context.Context, []*api.PodSandbox, []*api.Container) ([]*api.ContainerUpdate, error) {
+// Synchronize is the runtime's first call after the plugin registered: it
+// lists the pods and containers running now, whose shares of the cards the
+// plugin counts from then on.
+func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
+	namespaces := make(map[string]string, len(pods))
+	for _, pod := range pods {
+		namespaces[pod.GetId()] = pod.GetNamespace()
+	}
+	live := map[string][]enforce.Holding{}
+	for _, ctr := range containers {
+		if slices.Contains(p.Unrestricted, namespaces[ctr.GetPodSandboxId()]) {
+			continue
+		}
+		live[ctr.GetId()] = runningHoldings(ctr)
+	}
+	p.live.reset(live)
 	p.setConnected(true, nil)
 	return nil, nil
+}
+
+// StopContainer forgets the share of a container that stopped.
+func (p *Plugin) StopContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
+	p.live.release(ctr.GetId())
+	return nil, nil
+}
+
+// RemoveContainer forgets a removed container and removes its shared region.
+func (p *Plugin) RemoveContainer(ctx context.Context, _ *api.PodSandbox, ctr *api.Container) error {
+	p.live.release(ctr.GetId())
+	if err := p.Enforce.Paths.RemoveRegion(enforce.RegionName(ctr.GetId())); err != nil {
+		klog.FromContext(ctx).Error(err, "Removing a container's shared region", "container", ctr.GetId())
+	}
+	return nil
 }
 
 // CreateContainer applies the container's GPU assignment, or hides every
@@ -144,19 +211,13 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 	if err != nil {
 		return nil, nil, fmt.Errorf("tessera: container %q of pod %s/%s: %w", ctr.Name, sandbox.Namespace, sandbox.Name, err)
 	}
-	adj, err := p.Enforce.For(pod, types.UID(sandbox.Uid), ctr.Name, p.Node)
-	if err == nil {
-		err = adj.CheckEnv(ctr.Env)
-		if err != nil {
-			err = fmt.Errorf("pod %s/%s, container %q: %w", pod.Namespace, pod.Name, ctr.Name, err)
-		}
-	}
+	adj, err := p.adjust(ctx, pod, sandbox, ctr)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Refusing to start container", "pod", klog.KObj(pod), "container", ctr.Name)
 		return nil, nil, fmt.Errorf("tessera: %w", err)
 	}
 	if len(adj.Env) == 0 {
-		klog.FromContext(ctx).V(2).Info("Left container to its resource claims", "pod", klog.KObj(pod), "container", ctr.Name)
+		klog.FromContext(ctx).V(2).Info("Left container to its Tessera claims", "pod", klog.KObj(pod), "container", ctr.Name)
 		return nil, nil, nil
 	}
 	out := &api.ContainerAdjustment{}
@@ -175,6 +236,42 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 	}
 	klog.FromContext(ctx).V(2).Info("Adjusted container", "pod", klog.KObj(pod), "container", ctr.Name, "visibleDevices", adj.Env[0].Value)
 	return out, nil, nil
+}
+
+// adjust decides the container's adjustment, checks it against the
+// container as the runtime built it and the shares held now, records its
+// share and creates its shared region.
+func (p *Plugin) adjust(ctx context.Context, pod *v1.Pod, sandbox *api.PodSandbox, ctr *api.Container) (*enforce.Adjustment, error) {
+	node := p.node(ctx)
+	adj, err := p.Enforce.For(pod, types.UID(sandbox.Uid), ctr.Name, ctr.Id, node)
+	if err != nil {
+		return nil, err // it names the pod
+	}
+	err = adj.CheckEnv(ctr.Env)
+	if err == nil {
+		err = enforce.CheckDevices(deviceNodes(ctr), adj.Holdings, node.Cards)
+	}
+	if err == nil {
+		err = p.live.admit(ctr.Id, adj.Holdings, node.Cards)
+	}
+	if err == nil && adj.Region != "" {
+		if err = p.Enforce.Paths.CreateRegion(adj.Region); err != nil {
+			p.live.release(ctr.Id)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("pod %s/%s, container %q: %w", pod.Namespace, pod.Name, ctr.Name, err)
+	}
+	return adj, nil
+}
+
+// deviceNodes are the device nodes the runtime creates the container with.
+func deviceNodes(ctr *api.Container) []enforce.DeviceNode {
+	var out []enforce.DeviceNode
+	for _, d := range ctr.GetLinux().GetDevices() {
+		out = append(out, enforce.DeviceNode{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor})
+	}
+	return out
 }
 
 // pod waits for the pod to reach the pod cache, within PodWait and half of

@@ -24,18 +24,37 @@ import (
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// gpuPod is a pod on node-1 whose container main holds the card uuid.
-func gpuPod(name, uuid string) *v1.Pod {
-	raw := fmt.Sprintf(`{"version":1,"containers":{"main":[{"index":0,"uuid":%q,"memoryMiB":4096,"cores":25}]}}`, uuid)
+// testCards are node-1's cards: GPU-i at index i, 80 GiB each.
+func testCards() []discovery.Card {
+	var cards []discovery.Card
+	for i := range 20 {
+		cards = append(cards, discovery.Card{Index: i, Minor: i, UUID: fmt.Sprint("GPU-", i), MemoryMiB: 81920, Healthy: true})
+	}
+	return cards
+}
+
+// gpuPod is a pod on node-1 whose container main holds 4096 MiB and 25 %
+// of card GPU-<index>.
+func gpuPod(name string, index int) *v1.Pod {
+	return sharePod(name, index, 4096, 25)
+}
+
+// sharePod is a pod on node-1 whose container main holds memory MiB and
+// cores % of card GPU-<index>.
+func sharePod(name string, index int, memory, cores int64) *v1.Pod {
+	raw := fmt.Sprintf(`{"version":1,"containers":{"main":[{"index":%d,"uuid":"GPU-%d","memoryMiB":%d,"cores":%d}]}}`, index, index, memory, cores)
 	p := st.MakePod().Name(name).Namespace("ns").UID("uid-"+name).Node("node-1").
 		Annotation(gpuinfo.AssignmentAnnotation, raw).Obj()
 	p.Spec.Containers = []v1.Container{{Name: "main", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{}}}}
-	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-memory"] = resource.MustParse("4096")
-	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-cores"] = resource.MustParse("25")
+	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-memory"] = *resource.NewQuantity(memory, resource.DecimalSI)
+	if cores > 0 {
+		p.Spec.Containers[0].Resources.Limits["tessera.io/gpu-cores"] = *resource.NewQuantity(cores, resource.DecimalSI)
+	}
 	return p
 }
 
@@ -63,10 +82,16 @@ type runtimeSide struct {
 	t *testing.T
 }
 
-func startRuntime(t *testing.T, dir string) *runtimeSide {
+// startRuntime starts the runtime side; it tells each plugin that connects
+// that the pods and containers of running are running.
+func startRuntime(t *testing.T, dir string, running ...*api.Container) *runtimeSide {
 	t.Helper()
 	r, err := nri.New("test-runtime", "v1", func(ctx context.Context, cb nri.SyncCB) error {
-		_, err := cb(ctx, nil, nil)
+		var pods []*api.PodSandbox
+		for _, c := range running {
+			pods = append(pods, &api.PodSandbox{Id: c.PodSandboxId, Name: strings.TrimPrefix(c.PodSandboxId, "sb-"), Namespace: "ns"})
+		}
+		_, err := cb(ctx, pods, running)
 		return err
 	}, func(context.Context, []*nri.ContainerUpdate) ([]*nri.ContainerUpdate, error) { return nil, nil },
 		nri.WithSocketPath(filepath.Join(dir, "nri.sock")), nri.WithPluginPath(filepath.Join(dir, "plugins")), nri.WithPluginConfigPath(filepath.Join(dir, "conf")))
@@ -82,14 +107,44 @@ func startRuntime(t *testing.T, dir string) *runtimeSide {
 // create asks the plugins to adjust container main, with the environment
 // env ("NAME=value"), of pod name in namespace ns.
 func (r *runtimeSide) create(ctx context.Context, namespace, name, uid string, env ...string) (*api.ContainerAdjustment, error) {
+	return r.createWith(ctx, namespace, name, uid, &api.Container{Env: env})
+}
+
+// createWith asks the plugins to adjust container main of pod name, as ctr
+// describes it (its environment and device nodes, as the runtime built
+// them); its ID is ctr-<name>.
+func (r *runtimeSide) createWith(ctx context.Context, namespace, name, uid string, ctr *api.Container) (*api.ContainerAdjustment, error) {
+	ctr.Id, ctr.PodSandboxId, ctr.Name = "ctr-"+name, "sb-"+name, "main"
 	resp, err := r.CreateContainer(ctx, &api.CreateContainerRequest{
 		Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: namespace, Uid: uid},
-		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main", Env: env},
+		Container: ctr,
 	})
 	if err != nil {
 		return nil, err
 	}
 	return resp.GetAdjust(), nil
+}
+
+// stop tells the plugins that pod name's container main stopped.
+func (r *runtimeSide) stop(ctx context.Context, name string) {
+	r.t.Helper()
+	if _, err := r.StopContainer(ctx, &api.StopContainerRequest{
+		Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns"},
+		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"},
+	}); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// remove tells the plugins that pod name's container main was removed.
+func (r *runtimeSide) remove(ctx context.Context, name string) {
+	r.t.Helper()
+	if err := r.RemoveContainer(ctx, &api.RemoveContainerRequest{
+		Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns"},
+		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"},
+	}); err != nil {
+		r.t.Fatal(err)
+	}
 }
 
 // checkGetsGPU0 fails the test unless pod p0's container gets card GPU-0.
@@ -126,8 +181,14 @@ func waitReady(tCtx ktesting.TContext, p *Plugin, want bool) {
 	}
 }
 
-func newPlugin() *Plugin {
-	return &Plugin{Node: "node-1", Enforce: enforce.DefaultConfig(), PodWait: time.Second, Unrestricted: []string{"monitoring"}, RetryMax: 200 * time.Millisecond}
+// newPlugin is a plugin for node-1, which has testCards, with its shared
+// regions in a directory of the test's.
+func newPlugin(t *testing.T) *Plugin {
+	cfg := enforce.DefaultConfig()
+	cfg.Paths.HostCacheDir = t.TempDir()
+	p := &Plugin{Node: "node-1", Enforce: cfg, PodWait: time.Second, Unrestricted: []string{"monitoring"}, RetryMax: 200 * time.Millisecond}
+	p.Update(testCards())
+	return p
 }
 
 // TestNRIAgainstRuntime drives the plugin through NRI's own runtime side
@@ -140,15 +201,12 @@ func TestNRIAgainstRuntime(t *testing.T) {
 
 	var pods []*v1.Pod
 	for i := 0; i < 20; i++ {
-		pods = append(pods, gpuPod(fmt.Sprint("p", i), fmt.Sprint("GPU-", i)))
+		pods = append(pods, gpuPod(fmt.Sprint("p", i), i))
 	}
-	missing := gpuPod("unassigned", "GPU-x")
+	missing := gpuPod("unassigned", 0)
 	delete(missing.Annotations, gpuinfo.AssignmentAnnotation)
-	claims := st.MakePod().Name("claims").Namespace("ns").UID("uid-claims").Node("node-1").Container("main").Obj()
-	claims.Spec.Containers[0].Name = "main" // as the runtime side names it
-	claims.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
-	pods = append(pods, missing, claims, st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj())
-	plugin := newPlugin()
+	pods = append(pods, missing, st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj())
+	plugin := newPlugin(t)
 	plugin.SetPods(podMap(pods...))
 	runPlugin(tCtx, plugin, dir)
 	waitReady(tCtx, plugin, true)
@@ -169,11 +227,11 @@ func TestNRIAgainstRuntime(t *testing.T) {
 			if e["NVIDIA_VISIBLE_DEVICES"] != fmt.Sprint("GPU-", i) || e["CUDA_DEVICE_MEMORY_LIMIT_0"] != "4096m" || e["CUDA_DEVICE_SM_LIMIT_0"] != "25" {
 				errs <- fmt.Errorf("pod p%d got %v", i, e)
 			}
-			if cdi := adj.GetCDIDevices(); len(cdi) != 1 || cdi[0].GetName() != "nvidia.com/gpu=0" {
+			if cdi := adj.GetCDIDevices(); len(cdi) != 1 || cdi[0].GetName() != fmt.Sprint("nvidia.com/gpu=", i) {
 				errs <- fmt.Errorf("pod p%d got CDI devices %v, want its card's", i, cdi)
 			}
-			if len(adj.GetMounts()) != 4 {
-				errs <- fmt.Errorf("pod p%d got %d mounts, want 4", i, len(adj.GetMounts()))
+			if len(adj.GetMounts()) != 3 {
+				errs <- fmt.Errorf("pod p%d got %d mounts, want 3", i, len(adj.GetMounts()))
 			}
 		}(i)
 	}
@@ -185,9 +243,6 @@ func TestNRIAgainstRuntime(t *testing.T) {
 
 	if adj, err := runtime.create(tCtx, "ns", "plain", "uid-plain"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" || len(adj.GetMounts()) != 0 {
 		t.Errorf("a container without GPUs was not hidden from the cards: %v, %v", adj, err)
-	}
-	if adj, err := runtime.create(tCtx, "ns", "claims", "uid-claims"); err != nil || len(adj.GetEnv()) != 0 || len(adj.GetMounts()) != 0 {
-		t.Errorf("a container using DRA claims was adjusted: %v, %v", adj, err)
 	}
 	if adj, err := runtime.create(tCtx, "monitoring", "exporter", "uid-exporter"); err != nil || len(adj.GetEnv()) != 0 {
 		t.Errorf("a container of an unrestricted namespace was adjusted: %v, %v", adj, err)
@@ -209,9 +264,9 @@ func TestNRIAnswersWithinTheRuntimeTimeout(t *testing.T) {
 	dir := testutil.SocketDir(t)
 	runtime := startRuntime(t, dir)
 	t.Cleanup(runtime.Stop)
-	plugin := newPlugin()
+	plugin := newPlugin(t)
 	plugin.PodWait = 10 * time.Second
-	plugin.SetPods(podMap(gpuPod("p0", "GPU-0")))
+	plugin.SetPods(podMap(gpuPod("p0", 0)))
 	runPlugin(tCtx, plugin, dir)
 	waitReady(tCtx, plugin, true)
 
@@ -238,7 +293,7 @@ func TestNRIFailsClosedWhileStarting(t *testing.T) {
 	dir := testutil.SocketDir(t)
 	runtime := startRuntime(t, dir)
 	t.Cleanup(runtime.Stop)
-	plugin := newPlugin()
+	plugin := newPlugin(t)
 	runPlugin(tCtx, plugin, dir)
 	if err := wait.PollUntilContextTimeout(tCtx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		return plugin.NotReady() == reasonNoPodCache, nil
@@ -248,7 +303,7 @@ func TestNRIFailsClosedWhileStarting(t *testing.T) {
 	if _, err := runtime.create(tCtx, "ns", "p0", "uid-p0"); err == nil || !strings.Contains(err.Error(), "the node agent is starting") {
 		t.Errorf("a container created before the pod cache synced: %v, want a refusal", err)
 	}
-	plugin.SetPods(podMap(gpuPod("p0", "GPU-0")))
+	plugin.SetPods(podMap(gpuPod("p0", 0)))
 	waitReady(tCtx, plugin, true)
 	runtime.checkGetsGPU0(tCtx, "after the sync")
 }
@@ -259,8 +314,8 @@ func TestNRIReconnects(t *testing.T) {
 	tCtx := ktesting.Init(t)
 	dir := testutil.SocketDir(t)
 	first := startRuntime(t, dir)
-	plugin := newPlugin()
-	plugin.SetPods(podMap(gpuPod("p0", "GPU-0")))
+	plugin := newPlugin(t)
+	plugin.SetPods(podMap(gpuPod("p0", 0)))
 	// The plugin's connections, to break them as a runtime that exits does.
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -276,6 +331,7 @@ func TestNRIReconnects(t *testing.T) {
 	changes := plugin.Changes()
 	runPlugin(tCtx, plugin, dir)
 	waitReady(tCtx, plugin, true)
+	<-changes // connecting signalled it: drained, so that only the loss can signal now
 
 	first.Stop()
 	mu.Lock()
@@ -317,16 +373,16 @@ func TestNRITaskPriority(t *testing.T) {
 		}
 		return p
 	}
-	whole := gpuPod("whole", "GPU-1")
+	whole := gpuPod("whole", 1)
 	whole.Annotations[gpuinfo.AssignmentAnnotation] = `{"version":1,"containers":{"main":[{"index":1,"uuid":"GPU-1","memoryMiB":81920,"cores":100}]}}`
 	whole.Spec.Containers[0].Resources.Limits = v1.ResourceList{"tessera.io/gpu": resource.MustParse("1")}
-	plugin := newPlugin()
+	plugin := newPlugin(t)
 	plugin.SetPods(podMap(
-		withPriority(gpuPod("critical", "GPU-0"), enforce.DefaultHighTaskPriority, ""),
-		withPriority(gpuPod("batch", "GPU-0"), enforce.DefaultHighTaskPriority-1, ""),
-		withPriority(gpuPod("yielding", "GPU-0"), enforce.DefaultHighTaskPriority, "low"),
-		withPriority(gpuPod("promoted", "GPU-0"), 0, "high"),
-		withPriority(gpuPod("typo", "GPU-0"), 0, "hgih"),
+		withPriority(gpuPod("critical", 0), enforce.DefaultHighTaskPriority, ""),
+		withPriority(gpuPod("batch", 0), enforce.DefaultHighTaskPriority-1, ""),
+		withPriority(gpuPod("yielding", 0), enforce.DefaultHighTaskPriority, "low"),
+		withPriority(gpuPod("promoted", 0), 0, "high"),
+		withPriority(gpuPod("typo", 0), 0, "hgih"),
 		withPriority(whole, enforce.DefaultHighTaskPriority, "high"),
 	))
 	runPlugin(tCtx, plugin, dir)

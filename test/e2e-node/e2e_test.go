@@ -128,7 +128,7 @@ func runSandbox(tCtx ktesting.TContext, pod *v1.Pod, uid types.UID) *sandbox {
 	if uid == "" {
 		uid = pod.UID
 	}
-	sb, err := suite.runtime.runSandbox(tCtx, pod.Namespace, pod.Name, string(uid))
+	sb, err := suite.runtime.runSandbox(tCtx, pod, string(uid))
 	if err != nil {
 		tCtx.Fatalf("sandbox of pod %s: %v", pod.Name, err)
 	}
@@ -161,21 +161,28 @@ func startContainer(tCtx ktesting.TContext, sb *sandbox, pod *v1.Pod, name strin
 // does, when the agent answers that it has not seen the pod bound to the
 // node yet (its watch may lag the binding by a moment under load).
 func createAsKubelet(ctx context.Context, sb *sandbox, pod *v1.Pod, name string, cdiDevices ...string) (string, error) {
+	return createAsKubeletWith(ctx, sb, pod, name, extra{cdiDevices: cdiDevices})
+}
+
+// createAsKubeletWith is createAsKubelet with extra CDI devices and
+// annotations.
+func createAsKubeletWith(ctx context.Context, sb *sandbox, pod *v1.Pod, name string, x extra) (string, error) {
 	var id string
 	var err error
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 15*time.Second, true, func(ctx context.Context) (bool, error) {
-		id, err = suite.runtime.createContainer(ctx, sb, pod, name, cdiDevices...)
+		id, err = suite.runtime.createContainer(ctx, sb, pod, name, x)
 		return err == nil || !strings.Contains(err.Error(), "kubelet will retry"), nil
 	})
 	return id, err
 }
 
 // wantShared is what a container holding shared cards must run with, from
-// docs/node-agent.md, given its assignment and task priority.
-func wantShared(pod *v1.Pod, container string, cards []gpuinfo.CardAssignment, taskPriority string) map[string]string {
+// docs/node-agent.md, given its assignment, its shared region's file name
+// and its task priority.
+func wantShared(cards []gpuinfo.CardAssignment, region, taskPriority string) map[string]string {
 	uuids := make([]string, len(cards))
 	want := map[string]string{
-		"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/" + string(pod.UID) + "_" + container + ".cache",
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE": "/usr/local/vgpu/cache/" + region,
 		"CUDA_TASK_PRIORITY":              taskPriority,
 	}
 	for i, c := range cards {
@@ -205,22 +212,32 @@ func checkEnv(t testing.TB, what string, r *running, want map[string]string) {
 }
 
 // checkDevices compares the /dev/nvidia* nodes the process sees with the
-// assigned cards' (the CDI spec maps card i to /dev/nvidia<i>).
+// assigned cards' (the CDI spec maps card i to /dev/nvidia<i>, and adds
+// /dev/nvidiactl).
 func checkDevices(t testing.TB, what string, r *running, cards []gpuinfo.CardAssignment) {
 	t.Helper()
 	var want []string
 	for _, c := range cards {
 		want = append(want, fmt.Sprintf("nvidia%d", c.Index))
 	}
+	if len(want) > 0 {
+		want = append(want, "nvidiactl")
+	}
 	if diff := cmp.Diff(want, r.devices()); diff != "" {
 		t.Errorf("%s: GPU device nodes (-want,+got):\n%s", what, diff)
 	}
 }
 
+// region is the shared-region file the agent gives a container it creates.
+func (r *running) region() string { return r.id + ".cache" }
+
 // checkInterception checks the library's mounts: present and as documented
-// when want, absent otherwise.
-func checkInterception(t testing.TB, what string, r *running, want bool) {
+// when region names the container's shared region, absent when it is "".
+// Of the cache directory the container sees its own region and nothing
+// else: no neighbour's limits, usage or process IDs.
+func checkInterception(t testing.TB, what string, r *running, region string) {
 	t.Helper()
+	want := region != ""
 	mounts := r.mounts()
 	documented := map[string]struct {
 		source   string
@@ -228,8 +245,12 @@ func checkInterception(t testing.TB, what string, r *running, want bool) {
 	}{
 		"/usr/local/vgpu/libvgpu.so": {filepath.Join(vgpuDir(), "libvgpu.so"), true},
 		"/etc/ld.so.preload":         {filepath.Join(vgpuDir(), "ld.so.preload"), true},
-		"/usr/local/vgpu/cache":      {filepath.Join(vgpuDir(), "cache"), false},
-		"/tmp/vgpulock":              {filepath.Join(vgpuDir(), "lock"), false},
+	}
+	if want {
+		documented["/usr/local/vgpu/cache/"+region] = struct {
+			source   string
+			readOnly bool
+		}{filepath.Join(vgpuDir(), "cache", region), false}
 	}
 	for dst, d := range documented {
 		m, ok := mounts[dst]
@@ -241,6 +262,23 @@ func checkInterception(t testing.TB, what string, r *running, want bool) {
 		case want && (m.Source != d.source || hasOption(m.Options, "ro") != d.readOnly):
 			t.Errorf("%s: mount %s is %s %v, want %s read-only=%t", what, dst, m.Source, m.Options, d.source, d.readOnly)
 		}
+	}
+	for dst := range mounts {
+		if strings.HasPrefix(dst, "/usr/local/vgpu/cache") && documented[dst].source == "" {
+			t.Errorf("%s: mounts %s, besides its own region", what, dst)
+		}
+	}
+	// What the container's processes see of the cache directory.
+	var seen []string
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/root/usr/local/vgpu/cache", r.pid))
+	for _, e := range entries {
+		seen = append(seen, e.Name())
+	}
+	switch {
+	case want && (len(seen) != 1 || seen[0] != region):
+		t.Errorf("%s: sees %v in /usr/local/vgpu/cache (%v), want only its own region %s", what, seen, err, region)
+	case !want && len(seen) > 0:
+		t.Errorf("%s: sees shared regions %v", what, seen)
 	}
 	// What the dynamic loader of every process in the container reads.
 	preload, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/etc/ld.so.preload", r.pid))
@@ -279,9 +317,9 @@ func TestSharedCards(t *testing.T) {
 		cards := cardsOf(tCtx, pod, "main")
 		r := startContainer(tCtx, runSandbox(tCtx, pod, ""), pod, "main")
 		what := "pod " + name
-		checkEnv(t, what, r, wantShared(pod, "main", cards, priority))
+		checkEnv(t, what, r, wantShared(cards, r.region(), priority))
 		checkDevices(t, what, r, cards)
-		checkInterception(t, what, r, true)
+		checkInterception(t, what, r, r.region())
 	}
 	// The agent's endpoint reports each container's assignment.
 	resp, err := http.Get("http://" + agentMetricsAddress + "/metrics")
@@ -312,7 +350,7 @@ func TestWholeCards(t *testing.T) {
 	r := startContainer(tCtx, runSandbox(tCtx, pod, ""), pod, "main")
 	checkEnv(t, "whole cards", r, map[string]string{"NVIDIA_VISIBLE_DEVICES": cards[0].UUID + "," + cards[1].UUID, "CUDA_DEVICE_MEMORY_LIMIT_0": "1000000m"})
 	checkDevices(t, "whole cards", r, cards)
-	checkInterception(t, "whole cards", r, false)
+	checkInterception(t, "whole cards", r, "")
 }
 
 // TestInitContainerAndSidecar: a regular init container gets its own entry
@@ -330,9 +368,9 @@ func TestInitContainerAndSidecar(t *testing.T) {
 	for _, name := range []string{"prepare", "serve"} {
 		cards := cardsOf(tCtx, pod, name)
 		r := startContainer(tCtx, sb, pod, name)
-		checkEnv(t, name, r, wantShared(pod, name, cards, "1"))
+		checkEnv(t, name, r, wantShared(cards, r.region(), "1"))
 		checkDevices(t, name, r, cards)
-		checkInterception(t, name, r, true)
+		checkInterception(t, name, r, r.region())
 	}
 	checkNoGPU(t, "sidecar", startContainer(tCtx, sb, pod, "log-shipper"))
 }
@@ -342,7 +380,7 @@ func checkNoGPU(t testing.TB, what string, r *running) {
 	t.Helper()
 	checkEnv(t, what, r, map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"})
 	checkDevices(t, what, r, nil)
-	checkInterception(t, what, r, false)
+	checkInterception(t, what, r, "")
 }
 
 // TestPodWithoutGPUsSeesNone: a pod that asks for no GPU, from an image
@@ -393,7 +431,7 @@ func TestRefusals(t *testing.T) {
 	} {
 		pod := pods[tc.pod]
 		sb := runSandbox(tCtx, pod, tc.uid)
-		_, err := suite.runtime.createContainer(tCtx, sb, pod, "main")
+		_, err := suite.runtime.createContainer(tCtx, sb, pod, "main", extra{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("pod %s: CreateContainer returned %v; want the agent's refusal %q", tc.pod, err, tc.want)
 		}
@@ -444,7 +482,7 @@ func TestConcurrentContainers(t *testing.T) {
 	}
 	for name, r := range started {
 		cards := cardsOf(tCtx, pods[name], "main")
-		checkEnv(t, "pod "+name, r, wantShared(pods[name], "main", cards, "1"))
+		checkEnv(t, "pod "+name, r, wantShared(cards, r.region(), "1"))
 		checkDevices(t, "pod "+name, r, cards)
 	}
 }
@@ -474,7 +512,7 @@ func TestAgentDown(t *testing.T) {
 			}
 		}
 	})
-	id, err := suite.runtime.createContainer(tCtx, sb, pod, "first")
+	id, err := suite.runtime.createContainer(tCtx, sb, pod, "first", extra{})
 	if err != nil {
 		t.Logf("with the agent down, CreateContainer failed: %v", err)
 	} else {
@@ -484,7 +522,7 @@ func TestAgentDown(t *testing.T) {
 		}
 		t.Logf("with the agent down, the runtime started the container with NVIDIA_VISIBLE_DEVICES=%q from its image", r.environ["NVIDIA_VISIBLE_DEVICES"])
 		checkDevices(t, "created while the agent was down", r, nil)
-		checkInterception(t, "created while the agent was down", r, false)
+		checkInterception(t, "created while the agent was down", r, "")
 		if _, ok := r.environ["CUDA_DEVICE_SM_LIMIT_0"]; ok {
 			t.Error("created while the agent was down, yet it has limits: the test cannot tell the agent was down")
 		}
@@ -496,7 +534,7 @@ func TestAgentDown(t *testing.T) {
 	restarted = true
 	cards := cardsOf(tCtx, pod, "second")
 	r := startContainer(tCtx, sb, pod, "second")
-	checkEnv(t, "created after the agent came back", r, wantShared(pod, "second", cards, "1"))
+	checkEnv(t, "created after the agent came back", r, wantShared(cards, r.region(), "1"))
 	checkDevices(t, "created after the agent came back", r, cards)
-	checkInterception(t, "created after the agent came back", r, true)
+	checkInterception(t, "created after the agent came back", r, r.region())
 }

@@ -86,7 +86,7 @@ func run(m *testing.M) (int, error) {
 	}
 	ctx := context.Background()
 	start := time.Now()
-	if suite.runtime, err = startContainerd(ctx, suite.bin, filepath.Join(suite.dir, "containerd"), suite.runc, cdiSpec(cards)); err != nil {
+	if suite.runtime, err = startContainerd(ctx, suite.bin, filepath.Join(suite.dir, "containerd"), suite.runc, map[string]string{"nvidia.yaml": cdiSpec(cards), "nic.yaml": foreignSpec}); err != nil {
 		return 0, err
 	}
 	defer suite.runtime.stop()
@@ -145,16 +145,29 @@ func startScheduler(ctx context.Context, cp *cluster.ControlPlane, dir string) (
 }
 
 // cdiSpec is the node's CDI spec, as `nvidia-ctk cdi generate` names cards
-// by default (nvidia.com/gpu=<index>): each card's device node is
-// /dev/nvidia<index>, here a stand-in for the real one (/dev/null's).
+// by default (nvidia.com/gpu=<index>, and nvidia.com/gpu=all): each card's
+// device node is /dev/nvidia<index>, character 195:<index> as NVIDIA's
+// driver numbers it (runc creates the node in the container; with no
+// driver behind it, opening it fails), and every card brings /dev/nvidiactl.
 func cdiSpec(cards int) string {
 	var b strings.Builder
-	b.WriteString("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices:\n")
+	b.WriteString("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ncontainerEdits:\n  deviceNodes:\n  - {path: /dev/nvidiactl, type: c, major: 195, minor: 255}\ndevices:\n")
+	var all strings.Builder
 	for i := 0; i < cards; i++ {
-		fmt.Fprintf(&b, "- name: \"%d\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia%d\n      hostPath: /dev/null\n", i, i)
+		node := fmt.Sprintf("    - {path: /dev/nvidia%d, type: c, major: 195, minor: %d}\n", i, i)
+		fmt.Fprintf(&b, "- name: \"%d\"\n  containerEdits:\n    deviceNodes:\n%s", i, node)
+		all.WriteString(node)
 	}
+	fmt.Fprintf(&b, "- name: all\n  containerEdits:\n    deviceNodes:\n%s", all.String())
 	return b.String()
 }
+
+// foreignKind is the CDI kind of another driver's devices on the node (a
+// NIC's): its device eth1 is /dev/example-nic, /dev/zero's numbers.
+const foreignKind = "nic.example.com/nic"
+
+// foreignSpec is the CDI spec of foreignKind.
+const foreignSpec = "cdiVersion: 0.6.0\nkind: " + foreignKind + "\ndevices:\n- name: eth1\n  containerEdits:\n    deviceNodes:\n    - {path: /dev/example-nic, type: c, major: 1, minor: 5}\n"
 
 // agentProcess is the node agent binary running for node, with its NRI
 // plugin connected to the test's containerd.
@@ -174,10 +187,8 @@ func startAgent(ctx context.Context) (*agentProcess, error) {
 	if err := cluster.WriteKubeconfig(suite.cp.AgentConfig(node), kubeconfig); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{"cache", "lock"} {
-		if err := os.MkdirAll(filepath.Join(vgpuDir(), d), 0o755); err != nil {
-			return nil, err
-		}
+	if err := os.MkdirAll(filepath.Join(vgpuDir(), "cache"), 0o755); err != nil {
+		return nil, err
 	}
 	// A stand-in for HAMi-core's library: the agent only mounts it.
 	if err := os.WriteFile(filepath.Join(vgpuDir(), "libvgpu.so"), []byte("stand-in"), 0o644); err != nil {
@@ -195,7 +206,6 @@ func startAgent(ctx context.Context) (*agentProcess, error) {
 		"--vgpu-library="+filepath.Join(vgpuDir(), "libvgpu.so"),
 		"--vgpu-preload="+filepath.Join(vgpuDir(), "ld.so.preload"),
 		"--vgpu-cache-dir="+filepath.Join(vgpuDir(), "cache"),
-		"--vgpu-lock-dir="+filepath.Join(vgpuDir(), "lock"),
 		"--heartbeat-interval=1s", "--lease-duration=5s", "--metrics-address="+agentMetricsAddress, "-v=2")
 	a.cmd.Stdout, a.cmd.Stderr = log, log
 	if err := a.cmd.Start(); err != nil {

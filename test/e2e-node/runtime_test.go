@@ -81,14 +81,16 @@ type containerd struct {
 
 // startContainerd starts bin/containerd with its state under dir, imports
 // the test image and connects to its CRI.
-func startContainerd(ctx context.Context, bin, dir, runc, cdiSpec string) (*containerd, error) {
+func startContainerd(ctx context.Context, bin, dir, runc string, cdiSpecs map[string]string) (*containerd, error) {
 	for _, d := range []string{"cdi", "nri-plugins", "nri-conf", "cni-bin", "cni-conf"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return nil, err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cdi", "nvidia.yaml"), []byte(cdiSpec), 0o644); err != nil {
-		return nil, err
+	for file, spec := range cdiSpecs {
+		if err := os.WriteFile(filepath.Join(dir, "cdi", file), []byte(spec), 0o644); err != nil {
+			return nil, err
+		}
 	}
 	var cfg bytes.Buffer
 	if err := containerdConfig.Execute(&cfg, map[string]string{"Dir": dir, "Image": image, "Runc": runc}); err != nil {
@@ -189,14 +191,23 @@ type sandbox struct {
 	config *runtimeapi.PodSandboxConfig
 }
 
-// runSandbox runs the sandbox of a pod.
-func (c *containerd) runSandbox(ctx context.Context, namespace, name, uid string) (*sandbox, error) {
+// runSandbox runs the sandbox of a pod under uid, with the pod's
+// annotations, all of them, as kubelet passes them (newPodAnnotations).
+func (c *containerd) runSandbox(ctx context.Context, pod *v1.Pod, uid string) (*sandbox, error) {
+	namespace, name := pod.Namespace, pod.Name
 	config := &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Namespace: namespace, Uid: uid},
+		Annotations:  pod.Annotations,
 		LogDirectory: filepath.Join(c.dir, "logs", namespace+"_"+name+"_"+uid),
 		Linux: &runtimeapi.LinuxPodSandboxConfig{SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{
 			NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_NODE},
 		}},
+	}
+	// Privileged when a container is, as kubelet sets it.
+	for _, c := range append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		if c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged {
+			config.Linux.SecurityContext.Privileged = true
+		}
 	}
 	if err := os.MkdirAll(config.LogDirectory, 0o755); err != nil {
 		return nil, err
@@ -217,28 +228,52 @@ type running struct {
 	pid     int
 }
 
+// extra is what a container gets besides its pod spec: CDI devices (from
+// its claims, as kubelet passes their prepared devices) and annotations
+// (kubelet passes only a device plugin's and its own; a test adds one to
+// show what a runtime honouring a pod's CDI annotations would do).
+type extra struct {
+	cdiDevices  []string
+	annotations map[string]string
+}
+
 // createContainer creates the pod's container name in the sandbox from the
-// test image, with the environment the pod spec gives it and the CDI
-// devices its claims were prepared with, as kubelet does. It returns
+// test image, as kubelet does: the environment and privilege the pod spec
+// gives it, kubelet's own container annotations (newContainerAnnotations:
+// never the pod's), and the extra CDI devices and annotations. It returns
 // CreateContainer's error as is: the agent's refusals come back in it.
-func (c *containerd) createContainer(ctx context.Context, sb *sandbox, pod *v1.Pod, name string, cdiDevices ...string) (string, error) {
+func (c *containerd) createContainer(ctx context.Context, sb *sandbox, pod *v1.Pod, name string, x extra) (string, error) {
 	env := map[string]string{}
+	privileged := false
 	for _, spec := range append(append([]v1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
 		if spec.Name == name {
 			for _, e := range spec.Env {
 				env[e.Name] = e.Value
 			}
+			privileged = spec.SecurityContext != nil && spec.SecurityContext.Privileged != nil && *spec.SecurityContext.Privileged
 		}
 	}
 	config := &runtimeapi.ContainerConfig{
 		Metadata: &runtimeapi.ContainerMetadata{Name: name},
 		Image:    &runtimeapi.ImageSpec{Image: image},
 		LogPath:  name + ".log",
+		Annotations: map[string]string{
+			"io.kubernetes.container.hash":                     "1",
+			"io.kubernetes.container.restartCount":             "0",
+			"io.kubernetes.container.terminationMessagePath":   "/dev/termination-log",
+			"io.kubernetes.container.terminationMessagePolicy": "File",
+		},
+	}
+	for k, v := range x.annotations {
+		config.Annotations[k] = v
+	}
+	if privileged {
+		config.Linux = &runtimeapi.LinuxContainerConfig{SecurityContext: &runtimeapi.LinuxContainerSecurityContext{Privileged: true}}
 	}
 	for k, v := range env {
 		config.Envs = append(config.Envs, &runtimeapi.KeyValue{Key: k, Value: []byte(v)})
 	}
-	for _, d := range cdiDevices {
+	for _, d := range x.cdiDevices {
 		config.CDIDevices = append(config.CDIDevices, &runtimeapi.CDIDevice{Name: d})
 	}
 	resp, err := c.runtime.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.id, Config: config, SandboxConfig: sb.config})

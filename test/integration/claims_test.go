@@ -23,7 +23,6 @@ import (
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/dra"
-	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -230,12 +229,14 @@ func TestClaims(t *testing.T) {
 	if unresolved, err := cache.InjectDevices(spec, prepared.Devices[0].CdiDeviceIds[0]); err != nil {
 		t.Fatalf("injecting %v: %v (unresolved %v)", prepared.Devices[0].CdiDeviceIds, err, unresolved)
 	}
-	paths := enforce.DefaultPaths()
+	paths := node.driver.Enforce.Paths
+	region := "claim-" + string(claim.UID) + ".cache"
 	wantEnv := []string{
+		"TESSERA_CLAIM=" + string(claim.UID),
 		"NVIDIA_VISIBLE_DEVICES=" + card.UUID,
 		"CUDA_DEVICE_MEMORY_LIMIT_0=7168m",
 		"CUDA_DEVICE_SM_LIMIT_0=30",
-		"CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/cache/claim-" + string(claim.UID) + ".cache",
+		"CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/cache/" + region,
 		"GPU_CORE_UTILIZATION_POLICY=force",
 		"CUDA_TASK_PRIORITY=1",
 		"TESSERA_CLAIM_GPU_0=" + card.UUID,
@@ -247,7 +248,8 @@ func TestClaims(t *testing.T) {
 	for _, m := range spec.Mounts {
 		mounts = append(mounts, m.Source+":"+m.Destination)
 	}
-	wantMounts := []string{paths.HostLibrary + ":/usr/local/vgpu/libvgpu.so", paths.HostPreload + ":/etc/ld.so.preload", paths.HostCacheDir + ":/usr/local/vgpu/cache", paths.HostLockDir + ":/tmp/vgpulock"}
+	// The claim's own region, and no other.
+	wantMounts := []string{paths.HostLibrary + ":/usr/local/vgpu/libvgpu.so", paths.HostPreload + ":/etc/ld.so.preload", filepath.Join(paths.HostCacheDir, region) + ":/usr/local/vgpu/cache/" + region}
 	// The CDI library orders mounts by their container paths.
 	slices.Sort(wantMounts)
 	slices.Sort(mounts)

@@ -18,6 +18,8 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -55,8 +57,7 @@ func main() {
 	paths := &enforcement.Paths
 	flag.StringVar(&paths.HostLibrary, "vgpu-library", paths.HostLibrary, "host path of HAMi-core's libvgpu.so")
 	flag.StringVar(&paths.HostPreload, "vgpu-preload", paths.HostPreload, "host path of the ld.so.preload file naming the library")
-	flag.StringVar(&paths.HostCacheDir, "vgpu-cache-dir", paths.HostCacheDir, "host directory of the containers' shared-cache files")
-	flag.StringVar(&paths.HostLockDir, "vgpu-lock-dir", paths.HostLockDir, "host lock directory of the library")
+	flag.StringVar(&paths.HostCacheDir, "vgpu-cache-dir", paths.HostCacheDir, "host directory of the interception library's shared regions: the agent creates one file per shared container (per claim with --dra) and mounts each into its own container alone")
 	highTaskPriority := flag.Int("high-task-priority", enforce.DefaultHighTaskPriority, "pod priority (spec.priority) from which a container sharing a card computes first there (HAMi-core's CUDA_TASK_PRIORITY=0; below it, 1); the default is the value of the PriorityClass tessera-critical; the pod annotation tessera.io/gpu-task-priority overrides it")
 	flag.StringVar(&enforcement.CDIKind, "cdi-kind", enforcement.CDIKind, "CDI kind the assigned cards are handed over as, besides NVIDIA_VISIBLE_DEVICES (the node's CDI spec must define it: nvidia-ctk cdi generate); empty hands them over by the variable alone, which a container toolkit refusing it from unprivileged containers ignores")
 	cdiNames := flag.String("cdi-device-names", string(enforcement.CDINames), "how the node's CDI spec names the cards: index (nvidia-ctk's default) or uuid")
@@ -160,14 +161,14 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		HeartbeatInterval: heartbeat,
 	}
 	if svc.driver != nil {
-		a.Devices = svc.driver
+		a.Devices = append(a.Devices, svc.driver)
 		a.Publisher.WithoutInventory = true
 		if err := svc.driver.Start(ctx, client, svc.draOptions); err != nil {
 			return err
 		}
 	}
 	if plugin != nil {
-		a.Devices = plugin
+		a.Devices = append(a.Devices, plugin)
 		go func() {
 			if err := plugin.Run(ctx); err != nil {
 				klog.ErrorS(err, "Device plugin stopped")
@@ -190,6 +191,10 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		// starting without enforcement.
 		go enforcer.Run(ctx, nriSocket)
 		a.Enforcement = enforcer
+		a.Devices = append(a.Devices, enforcer)
+		enforcer.Claims = func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
+			return client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+		}
 	}
 	if enforcer != nil || collector != nil {
 		go func() {

@@ -98,7 +98,7 @@ func (n *NVML) card(i int) (discovery.Card, bool) {
 	if ret != nvml.SUCCESS {
 		return discovery.Card{}, false
 	}
-	c := discovery.Card{Index: i, NUMANode: -1, Healthy: true}
+	c := discovery.Card{Index: i, Minor: -1, NUMANode: -1, Healthy: true}
 	if c.UUID, ret = dev.GetUUID(); ret != nvml.SUCCESS || c.UUID == "" {
 		return discovery.Card{}, false
 	}
@@ -112,6 +112,9 @@ func (n *NVML) card(i int) (discovery.Card, bool) {
 	}
 	if c.MemoryMiB < 1 {
 		c.MemoryMiB, c.Healthy = 1, false
+	}
+	if minor, ret := dev.GetMinorNumber(); ret == nvml.SUCCESS {
+		c.Minor = minor
 	}
 	if current, _, ret := dev.GetMigMode(); ret == nvml.SUCCESS {
 		c.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE

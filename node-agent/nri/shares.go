@@ -1,0 +1,197 @@
+package nri
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/containerd/nri/pkg/api"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/enforce"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// shares are the shares of cards that the containers the runtime runs now
+// hold, as the runtime reports them (NRI's container list and events), not
+// as the API has it: a terminating victim still holds its share while its
+// preemptor is created. A share's MemoryMiB of 0 is the whole card.
+type shares struct {
+	mu sync.Mutex
+	// containers are the holding keys of each live container, by ID.
+	containers map[string][]string
+	// holdings are the live holdings by key, with how many live containers
+	// hold each (the containers of one claim share it).
+	holdings map[string]*heldShare
+}
+
+type heldShare struct {
+	cards []gpuinfo.CardAssignment
+	refs  int
+}
+
+// reset replaces what is known with the holdings of the containers the
+// runtime lists, by container ID.
+func (s *shares) reset(live map[string][]enforce.Holding) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.containers, s.holdings = map[string][]string{}, map[string]*heldShare{}
+	for id, holdings := range live {
+		s.addLocked(id, holdings)
+	}
+}
+
+// admit records container id's holdings, unless one of its cards would be
+// over-committed: the shares held on it now, plus what id adds, exceed its
+// memory or its compute. A holding already live (another container of the
+// same claim) adds nothing.
+func (s *shares) admit(id string, holdings []enforce.Holding, cards []discovery.Card) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.containers == nil {
+		s.containers, s.holdings = map[string][]string{}, map[string]*heldShare{}
+	}
+	byUUID := make(map[string]discovery.Card, len(cards))
+	for _, c := range cards {
+		byUUID[c.UUID] = c
+	}
+	adding := map[string]bool{}
+	for _, h := range holdings {
+		if s.holdings[h.Key] != nil {
+			continue
+		}
+		for _, c := range h.Cards {
+			adding[c.UUID] = true
+		}
+	}
+	for uuid := range adding {
+		card, ok := byUUID[uuid]
+		if !ok {
+			return fmt.Errorf("card %s is not a card of this node", uuid)
+		}
+		heldMemory, heldCores := s.heldLocked(card)
+		var memory, cores int64
+		for _, h := range holdings {
+			if s.holdings[h.Key] != nil {
+				continue
+			}
+			for _, c := range h.Cards {
+				if c.UUID == uuid {
+					memory += shareMemory(c, card)
+					cores += c.Cores
+				}
+			}
+		}
+		if heldMemory+memory > card.MemoryMiB || heldCores+cores > gpuinfo.FullCores {
+			return fmt.Errorf("card %d (%s) would be over-committed: the containers running on it hold %d of its %d MiB and %d %% of its compute, and this container adds %d MiB and %d %% (kubelet will retry: a container that is stopping frees its share)",
+				card.Index, uuid, heldMemory, card.MemoryMiB, heldCores, memory, cores)
+		}
+	}
+	s.addLocked(id, holdings)
+	return nil
+}
+
+// release forgets container id: it stopped or was removed.
+func (s *shares) release(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, key := range s.containers[id] {
+		if h := s.holdings[key]; h != nil {
+			if h.refs--; h.refs <= 0 {
+				delete(s.holdings, key)
+			}
+		}
+	}
+	delete(s.containers, id)
+}
+
+func (s *shares) heldLocked(card discovery.Card) (memory, cores int64) {
+	for _, h := range s.holdings {
+		for _, c := range h.cards {
+			if c.UUID == card.UUID {
+				memory += shareMemory(c, card)
+				cores += c.Cores
+			}
+		}
+	}
+	return memory, cores
+}
+
+func (s *shares) addLocked(id string, holdings []enforce.Holding) {
+	if _, ok := s.containers[id]; ok || len(holdings) == 0 {
+		return
+	}
+	keys := make([]string, 0, len(holdings))
+	for _, h := range holdings {
+		keys = append(keys, h.Key)
+		if held := s.holdings[h.Key]; held != nil {
+			held.refs++
+			continue
+		}
+		s.holdings[h.Key] = &heldShare{cards: h.Cards, refs: 1}
+	}
+	s.containers[id] = keys
+}
+
+// shareMemory is the memory a share holds of card: its own, or the whole
+// card's for a share without a memory limit.
+func shareMemory(share gpuinfo.CardAssignment, card discovery.Card) int64 {
+	if share.MemoryMiB == 0 {
+		return card.MemoryMiB
+	}
+	return share.MemoryMiB
+}
+
+// runningHoldings are the cards a running container holds, read from its
+// environment as the runtime reports it — what it runs with: the cards it
+// sees (NVIDIA_VISIBLE_DEVICES, by UUID) and, for a share, the library's
+// limits; the whole card without them. The containers of one claim (the
+// driver's TESSERA_CLAIM) share one holding. None for a container that sees
+// no card by UUID.
+func runningHoldings(ctr *api.Container) []enforce.Holding {
+	env := map[string]string{}
+	for _, kv := range ctr.GetEnv() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v // the last one wins, as in the process
+		}
+	}
+	visible := env["NVIDIA_VISIBLE_DEVICES"]
+	if !strings.HasPrefix(visible, "GPU-") {
+		return nil
+	}
+	var cards []gpuinfo.CardAssignment
+	for i, uuid := range strings.Split(visible, ",") {
+		share := gpuinfo.CardAssignment{Index: -1, UUID: uuid, Cores: gpuinfo.FullCores}
+		if limit, ok := env["CUDA_DEVICE_MEMORY_LIMIT_"+strconv.Itoa(i)]; ok {
+			share.MemoryMiB = parseMiB(limit)
+			share.Cores = parseCores(env["CUDA_DEVICE_SM_LIMIT_"+strconv.Itoa(i)])
+		}
+		cards = append(cards, share)
+	}
+	key := enforce.ContainerKey(ctr.GetId())
+	if claim := env[enforce.ClaimEnv]; claim != "" {
+		key = enforce.ClaimKey(types.UID(claim))
+	}
+	return []enforce.Holding{{Key: key, Cards: cards}}
+}
+
+// parseMiB reads a limit the agent writes ("4096m"); 0 (the whole card)
+// for anything else.
+func parseMiB(v string) int64 {
+	n, err := strconv.ParseInt(strings.TrimSuffix(v, "m"), 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}
+
+// parseCores reads a compute limit; no limit is the whole card's compute.
+func parseCores(v string) int64 {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > gpuinfo.FullCores {
+		return gpuinfo.FullCores
+	}
+	return n
+}
