@@ -107,7 +107,9 @@ func (p *Plugin) Update(cards []discovery.Card) {
 func (p *Plugin) node(ctx context.Context) enforce.Node {
 	n := enforce.Node{Name: p.Node}
 	if p.Claims != nil {
-		n.Claims = func(namespace, name string) (*resourceapi.ResourceClaim, error) { return p.Claims(ctx, namespace, name) }
+		n.Claims = func(namespace, name string) (*resourceapi.ResourceClaim, error) {
+			return p.Claims(ctx, namespace, name)
+		}
 	}
 	if cards := p.cards.Load(); cards != nil {
 		n.Cards = *cards

@@ -133,7 +133,9 @@ func agentPod(tCtx ktesting.TContext, name string, mutate func(*v1.Pod)) *v1.Pod
 	if err != nil {
 		tCtx.Fatal(err)
 	}
-	tCtx.Cleanup(func() { _ = suite.cp.Client.CoreV1().Pods(manifests.Namespace).Delete(tCtx, pod.Name, metav1.DeleteOptions{}) })
+	tCtx.Cleanup(func() {
+		_ = suite.cp.Client.CoreV1().Pods(manifests.Namespace).Delete(tCtx, pod.Name, metav1.DeleteOptions{})
+	})
 	return pod
 }
 
