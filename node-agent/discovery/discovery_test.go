@@ -16,11 +16,11 @@ func TestSimulated(t *testing.T) {
 	}{
 		{spec: "2xT4-16GB", want: []Card{
 			{Index: 0, UUID: "GPU-sim-n-0", Model: "Tesla T4", MemoryMiB: 15360, NUMANode: -1, Healthy: true},
-			{Index: 1, UUID: "GPU-sim-n-1", Model: "Tesla T4", MemoryMiB: 15360, NUMANode: -1, Healthy: true},
+			{Index: 1, Minor: 1, UUID: "GPU-sim-n-1", Model: "Tesla T4", MemoryMiB: 15360, NUMANode: -1, Healthy: true},
 		}},
 		{spec: "1xA100-80GB, 1xRTX6000-48GB", want: []Card{
 			{Index: 0, UUID: "GPU-sim-n-0", Model: "NVIDIA A100-SXM4-80GB", MemoryMiB: 81920, NUMANode: -1, Healthy: true},
-			{Index: 1, UUID: "GPU-sim-n-1", Model: "RTX6000", MemoryMiB: 49152, NUMANode: -1, Healthy: true},
+			{Index: 1, Minor: 1, UUID: "GPU-sim-n-1", Model: "RTX6000", MemoryMiB: 49152, NUMANode: -1, Healthy: true},
 		}},
 		{spec: "8", wantErr: "want COUNTxMODEL-MEMORYGB"},
 		{spec: "0xT4-16GB", wantErr: "want COUNTxMODEL-MEMORYGB"},

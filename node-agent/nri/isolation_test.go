@@ -6,9 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
+	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -144,6 +146,13 @@ func TestNRILiveShares(t *testing.T) {
 	runtime := startRuntime(t, dir, running...)
 	t.Cleanup(runtime.Stop)
 	plugin := newPlugin(t)
+	var mu sync.Mutex
+	var told []string
+	plugin.Refused = func(pod *v1.Pod, container, reason string) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, pod.Name+"/"+container)
+	}
 	plugin.SetPods(podMap(
 		sharePod("big", 0, 30720, 25), sharePod("small", 0, 20480, 50), sharePod("on-whole", 1, 1024, 0),
 		sharePod("beside-claim", 2, 40960, 50), sharePod("victim", 3, 61440, 50), sharePod("preemptor", 3, 40960, 50),
@@ -162,6 +171,12 @@ func TestNRILiveShares(t *testing.T) {
 	testutil.CheckError(t, create("beside-claim"), "")         // the claim's 40 GiB counted once
 	testutil.CheckError(t, create("victim"), "")               // alone on card 3
 	testutil.CheckError(t, create("preemptor"), overCommitted) // the victim still runs
+	testutil.CheckError(t, create("preemptor"), overCommitted) // kubelet retries: told once
+	mu.Lock()
+	if diff := cmp.Diff([]string{"big/main", "on-whole/main", "preemptor/main"}, told); diff != "" {
+		t.Errorf("refusals told (-want,+got):\n%s", diff)
+	}
+	mu.Unlock()
 	runtime.stop(tCtx, "victim")
 	testutil.CheckError(t, create("preemptor"), "") // once it has stopped
 	runtime.stop(tCtx, "old")

@@ -55,7 +55,11 @@ type Plugin struct {
 	Node string
 	// Enforce decides each container's changes.
 	Enforce enforce.Config
-	// Unrestricted are namespaces whose containers are left as they are
+	// Unrestricted are the service accounts ("namespace:name") whose pods'
+	// containers are left as they are: the agent's own and monitoring that
+	// must see every card (the GPU Operator's DCGM exporter). A pod is
+	// matched by its spec as the API has it, under the sandbox's UID: a
+	// namespace alone, which a tenant might create, is not enough.
 	// (the GPU Operator's, whose exporters see every card).
 	Unrestricted []string
 	// PodWait bounds how long a creation waits for its pod to reach the
@@ -68,6 +72,14 @@ type Plugin struct {
 	// it (within ctx); nil refuses every container that uses one and holds
 	// no assignment.
 	Claims func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error)
+
+	// Refused, when set, is told each refusal, at most once per container
+	// and reason every refusalInterval (kubelet retries a refused
+	// container with backoff); it must not block.
+	Refused func(pod *v1.Pod, container, reason string)
+
+	refusedMu sync.Mutex
+	refusals  map[string]refusal // by pod UID and container
 
 	pods  atomic.Pointer[PodGetter]
 	cards atomic.Pointer[[]discovery.Card]
@@ -84,7 +96,7 @@ type Plugin struct {
 }
 
 // SetPods gives the plugin its pod cache, once synced. Until then every
-// container outside the unrestricted namespaces fails to start.
+// container fails to start.
 func (p *Plugin) SetPods(pods PodGetter) {
 	p.pods.Store(&pods)
 	p.changed()
@@ -169,16 +181,9 @@ func (p *Plugin) setConnected(connected bool, err error) {
 // Synchronize is the runtime's first call after the plugin registered: it
 // lists the pods and containers running now, whose shares of the cards the
 // plugin counts from then on.
-func (p *Plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
-	namespaces := make(map[string]string, len(pods))
-	for _, pod := range pods {
-		namespaces[pod.GetId()] = pod.GetNamespace()
-	}
+func (p *Plugin) Synchronize(_ context.Context, _ []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	live := map[string][]enforce.Holding{}
 	for _, ctr := range containers {
-		if slices.Contains(p.Unrestricted, namespaces[ctr.GetPodSandboxId()]) {
-			continue
-		}
 		live[ctr.GetId()] = runningHoldings(ctr)
 	}
 	p.live.reset(live)
@@ -206,16 +211,18 @@ func (p *Plugin) RemoveContainer(ctx context.Context, _ *api.PodSandbox, ctr *ap
 // without a valid assignment for this node and pod — or whose pod the agent
 // does not know in time — fails to start, with the reason.
 func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	if slices.Contains(p.Unrestricted, sandbox.Namespace) {
-		return nil, nil, nil
-	}
 	pod, err := p.pod(ctx, sandbox.Namespace, sandbox.Name)
 	if err != nil {
 		return nil, nil, fmt.Errorf("tessera: container %q of pod %s/%s: %w", ctr.Name, sandbox.Namespace, sandbox.Name, err)
 	}
+	if p.unrestricted(pod, sandbox) {
+		klog.FromContext(ctx).V(2).Info("Left container of an unrestricted service account alone", "pod", klog.KObj(pod), "container", ctr.Name, "serviceAccount", pod.Spec.ServiceAccountName)
+		return nil, nil, nil
+	}
 	adj, err := p.adjust(ctx, pod, sandbox, ctr)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Refusing to start container", "pod", klog.KObj(pod), "container", ctr.Name)
+		p.refused(pod, ctr.Name, err.Error())
 		return nil, nil, fmt.Errorf("tessera: %w", err)
 	}
 	if len(adj.Env) == 0 {
@@ -238,6 +245,46 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 	}
 	klog.FromContext(ctx).V(2).Info("Adjusted container", "pod", klog.KObj(pod), "container", ctr.Name, "visibleDevices", adj.Env[0].Value)
 	return out, nil, nil
+}
+
+// refusalInterval is how often one refusal of a container is told again.
+const refusalInterval = 5 * time.Minute
+
+// refusal is the last refusal told of a container.
+type refusal struct {
+	reason string
+	at     time.Time
+}
+
+// refused tells Refused of a refusal, unless it told the same one of the
+// same container within refusalInterval.
+func (p *Plugin) refused(pod *v1.Pod, container, reason string) {
+	if p.Refused == nil {
+		return
+	}
+	key := string(pod.UID) + "/" + container
+	now := time.Now()
+	p.refusedMu.Lock()
+	last, told := p.refusals[key]
+	if told && last.reason == reason && now.Sub(last.at) < refusalInterval {
+		p.refusedMu.Unlock()
+		return
+	}
+	if p.refusals == nil || len(p.refusals) > maxRefusals {
+		p.refusals = map[string]refusal{} // forget old ones rather than grow
+	}
+	p.refusals[key] = refusal{reason: reason, at: now}
+	p.refusedMu.Unlock()
+	p.Refused(pod, container, reason)
+}
+
+// maxRefusals bounds the refusals remembered.
+const maxRefusals = 4096
+
+// unrestricted reports whether pod, running in sandbox, runs as one of the
+// unrestricted service accounts.
+func (p *Plugin) unrestricted(pod *v1.Pod, sandbox *api.PodSandbox) bool {
+	return pod.UID == types.UID(sandbox.GetUid()) && slices.Contains(p.Unrestricted, pod.Namespace+":"+pod.Spec.ServiceAccountName)
 }
 
 // adjust decides the container's adjustment, checks it against the

@@ -186,7 +186,7 @@ func waitReady(tCtx ktesting.TContext, p *Plugin, want bool) {
 func newPlugin(t *testing.T) *Plugin {
 	cfg := enforce.DefaultConfig()
 	cfg.Paths.HostCacheDir = t.TempDir()
-	p := &Plugin{Node: "node-1", Enforce: cfg, PodWait: time.Second, Unrestricted: []string{"monitoring"}, RetryMax: 200 * time.Millisecond}
+	p := &Plugin{Node: "node-1", Enforce: cfg, PodWait: time.Second, Unrestricted: []string{"ns:exporter"}, RetryMax: 200 * time.Millisecond}
 	p.Update(testCards())
 	return p
 }
@@ -205,7 +205,9 @@ func TestNRIAgainstRuntime(t *testing.T) {
 	}
 	missing := gpuPod("unassigned", 0)
 	delete(missing.Annotations, gpuinfo.AssignmentAnnotation)
-	pods = append(pods, missing, st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj())
+	exporter := st.MakePod().Name("exporter").Namespace("ns").UID("uid-exporter").Node("node-1").Container("main").Obj()
+	exporter.Spec.ServiceAccountName = "exporter"
+	pods = append(pods, missing, exporter, st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj())
 	plugin := newPlugin(t)
 	plugin.SetPods(podMap(pods...))
 	runPlugin(tCtx, plugin, dir)
@@ -244,8 +246,13 @@ func TestNRIAgainstRuntime(t *testing.T) {
 	if adj, err := runtime.create(tCtx, "ns", "plain", "uid-plain"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" || len(adj.GetMounts()) != 0 {
 		t.Errorf("a container without GPUs was not hidden from the cards: %v, %v", adj, err)
 	}
-	if adj, err := runtime.create(tCtx, "monitoring", "exporter", "uid-exporter"); err != nil || len(adj.GetEnv()) != 0 {
-		t.Errorf("a container of an unrestricted namespace was adjusted: %v, %v", adj, err)
+	if adj, err := runtime.create(tCtx, "ns", "exporter", "uid-exporter"); err != nil || len(adj.GetEnv()) != 0 {
+		t.Errorf("a container of an unrestricted service account was adjusted: %v, %v", adj, err)
+	}
+	// The same namespace is not enough: plain runs as another account, and
+	// an exporter's name under another UID is not the exporter.
+	if adj, err := runtime.create(tCtx, "ns", "exporter", "uid-impostor"); err != nil || env(adj)["NVIDIA_VISIBLE_DEVICES"] != "void" {
+		t.Errorf("a sandbox under another UID was left unrestricted: %v, %v", adj, err)
 	}
 	if _, err := runtime.create(tCtx, "ns", "unassigned", "uid-unassigned"); err == nil || !strings.Contains(err.Error(), "has no tessera.io/gpu-assignment") {
 		t.Errorf("a GPU container without an assignment was allowed: %v", err)

@@ -22,7 +22,25 @@ const (
 	ReasonEnforcementUnavailable = "GPUEnforcementUnavailable"
 	// ReasonEnforcementRestored is on a node whose agent enforces again.
 	ReasonEnforcementRestored = "GPUEnforcementRestored"
+	// ReasonContainerRefused is on a pod whose container the agent refused
+	// to start (an assignment that over-commits a card, a card it was not
+	// given, ...).
+	ReasonContainerRefused = "GPUContainerRefused"
 )
+
+// ReportRefusal records a Warning Event on pod: its container could not
+// start, for reason.
+func (p *Publisher) ReportRefusal(ctx context.Context, pod *v1.Pod, container, reason string) error {
+	note := fmt.Sprintf("container %q was not started on node %s: %s", container, p.NodeName, reason)
+	if len(note) > maxNote {
+		note = note[:maxNote-3] + "..."
+	}
+	regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+	return p.record(ctx, pod.Namespace, pod.Name+"-gpu-", "CreateContainer", ReasonContainerRefused, v1.EventTypeWarning, note, regarding)
+}
+
+// maxNote is the longest note the API accepts on an Event.
+const maxNote = 1024
 
 // ReportEnforcement records on the Node that the agent cannot enforce
 // assignments (notReady says why) or, with notReady empty, that it can again.
@@ -36,18 +54,18 @@ func (p *Publisher) ReportEnforcement(ctx context.Context, notReady string) erro
 		reason, typ = ReasonEnforcementUnavailable, v1.EventTypeWarning
 		note = "GPU assignments cannot be enforced (" + notReady + "); the scheduler places no GPU pod here and GPU containers cannot start until it recovers"
 	}
-	return p.record(ctx, metav1.NamespaceDefault, node.Name+"-gpu-", reason, typ, note,
+	return p.record(ctx, metav1.NamespaceDefault, node.Name+"-gpu-", "HealthCheck", reason, typ, note,
 		v1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node.Name, UID: node.UID})
 }
 
 // record creates one Event from this node's agent.
-func (p *Publisher) record(ctx context.Context, namespace, generateName, reason, typ, note string, regarding v1.ObjectReference) error {
+func (p *Publisher) record(ctx context.Context, namespace, generateName, action, reason, typ, note string, regarding v1.ObjectReference) error {
 	ev := &eventsv1.Event{
 		ObjectMeta:          metav1.ObjectMeta{GenerateName: generateName, Namespace: namespace},
 		EventTime:           metav1.NewMicroTime(p.now()),
 		ReportingController: "tessera.io/node-agent",
 		ReportingInstance:   p.NodeName,
-		Action:              "HealthCheck",
+		Action:              action,
 		Reason:              reason,
 		Type:                typ,
 		Regarding:           regarding,
@@ -75,7 +93,7 @@ func (p *Publisher) ReportUnhealthyCard(ctx context.Context, uuid, reason string
 		}
 		note := fmt.Sprintf("GPU %s on node %s became unhealthy (%s); the pod keeps running, new pods will not be placed on the card", uuid, p.NodeName, reason)
 		regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
-		if err := p.record(ctx, pod.Namespace, pod.Name+"-gpu-", ReasonGPUUnhealthy, v1.EventTypeWarning, note, regarding); err != nil {
+		if err := p.record(ctx, pod.Namespace, pod.Name+"-gpu-", "HealthCheck", ReasonGPUUnhealthy, v1.EventTypeWarning, note, regarding); err != nil {
 			return told, fmt.Errorf("recording an event on pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 		told++

@@ -63,7 +63,8 @@ func main() {
 	cdiNames := flag.String("cdi-device-names", string(enforcement.CDINames), "how the node's CDI spec names the cards: index (nvidia-ctk's default) or uuid")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
 	metricsAddress := flag.String("metrics-address", ":9402", "address of the Prometheus /metrics endpoint (the cards' and the containers' GPU metrics, docs/node-agent.md); empty disables it")
-	unrestricted := flag.String("unrestricted-namespaces", "gpu-operator", "comma-separated namespaces whose containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter); every other container without an assignment sees no card")
+	serviceAccount := flag.String("service-account", envOr("SERVICE_ACCOUNT", "tessera-node-agent"), "the agent's own service account, in --namespace: its pods' containers are left as they are (set SERVICE_ACCOUNT from the downward API)")
+	unrestricted := flag.String("unrestricted-service-accounts", "", "comma-separated service accounts, namespace:name, whose pods' containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter, gpu-operator:nvidia-dcgm-exporter); every other container without an assignment sees no card. Name only accounts in namespaces that exist and in which tenants cannot create pods")
 	claims := flag.Bool("dra", false, "serve the cards as DRA devices (driver tessera.io, resource.k8s.io/v1 ResourceSlices that many claims share) instead of the extended resources: no device plugin, and the node's inventory annotation is removed, so no card is counted twice")
 	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
@@ -103,7 +104,11 @@ func main() {
 	var enforcer *nri.Plugin
 	if *nriSocket != "" {
 		enforcement.Names, enforcement.HighTaskPriority = names, int32(*highTaskPriority)
-		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second, Unrestricted: unrestrictedNamespaces(*namespace, *unrestricted)}
+		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second}
+		if enforcer.Unrestricted, err = unrestrictedAccounts(*namespace+":"+*serviceAccount, *unrestricted); err != nil {
+			klog.ErrorS(err, "Invalid --unrestricted-service-accounts")
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+		}
 	}
 	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir}}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, *metricsAddress); err != nil {
@@ -192,9 +197,21 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		go enforcer.Run(ctx, nriSocket)
 		a.Enforcement = enforcer
 		a.Devices = append(a.Devices, enforcer)
+		enforcer.Refused = func(pod *v1.Pod, container, reason string) {
+			go func() {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if err := a.Publisher.ReportRefusal(ctx, pod, container, reason); err != nil {
+					klog.ErrorS(err, "Recording a refusal on the pod failed", "pod", klog.KObj(pod), "container", container)
+				}
+			}()
+		}
 		enforcer.Claims = func(ctx context.Context, namespace, name string) (*resourceapi.ResourceClaim, error) {
 			return client.ResourceV1().ResourceClaims(namespace).Get(ctx, name, metav1.GetOptions{})
 		}
+	}
+	if enforcer == nil {
+		a.Enforcement = enforcementOff{}
 	}
 	if enforcer != nil || collector != nil {
 		go func() {
@@ -216,6 +233,19 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 	a.Run(ctx)
 	return nil
 }
+
+// enforcementOff is the enforcement of an agent started without NRI: never
+// ready, so the scheduler places no GPU pod on its node — nothing there would
+// give a container its cards and limits, or hide the others'.
+type enforcementOff struct{}
+
+// NotReady says that assignments are not enforced.
+func (enforcementOff) NotReady() string {
+	return "enforcement disabled: the agent runs without an NRI socket (--nri-socket is empty)"
+}
+
+// Changes is never signalled.
+func (enforcementOff) Changes() <-chan struct{} { return nil }
 
 // serveMetrics serves the collector's metrics on address until ctx ends. An
 // address it cannot listen on is logged: the agent runs on without metrics.
@@ -250,16 +280,21 @@ func resourceNames(schedulerConfig string) (gpuinfo.ResourceNames, error) {
 	return names, nil
 }
 
-// unrestrictedNamespaces parses --unrestricted-namespaces; the agent's own
-// namespace is always among them (its own container sees every card).
-func unrestrictedNamespaces(own, flagValue string) []string {
-	namespaces := []string{own}
-	for _, ns := range strings.Split(flagValue, ",") {
-		if ns = strings.TrimSpace(ns); ns != "" {
-			namespaces = append(namespaces, ns)
+// unrestrictedAccounts parses --unrestricted-service-accounts; the agent's
+// own account comes first.
+func unrestrictedAccounts(own, flagValue string) ([]string, error) {
+	accounts := []string{own}
+	for _, a := range strings.Split(flagValue, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
 		}
+		namespace, name, ok := strings.Cut(a, ":")
+		if !ok || namespace == "" || name == "" || strings.Contains(name, ":") {
+			return nil, fmt.Errorf("%q: want namespace:name", a)
+		}
+		accounts = append(accounts, a)
 	}
-	return namespaces
+	return accounts, nil
 }
 
 func envOr(key, def string) string {

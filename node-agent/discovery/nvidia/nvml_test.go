@@ -46,7 +46,7 @@ func TestNVMLWithMockDGXA100(t *testing.T) {
 	}
 	uuids := map[string]bool{}
 	for i, c := range cards {
-		if c.Index != i || !strings.Contains(c.Model, "NVIDIA A100-SXM4-40GB") || c.MemoryMiB != 40960 || !c.Healthy || c.MIGEnabled {
+		if c.Index != i || c.Minor != i || !strings.Contains(c.Model, "NVIDIA A100-SXM4-40GB") || c.MemoryMiB != 40960 || !c.Healthy || c.MIGEnabled {
 			t.Errorf("card %d = %+v", i, c)
 		}
 		uuids[c.UUID] = true
