@@ -10,6 +10,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
@@ -49,7 +50,17 @@ func TestHAMiNamesEndToEnd(t *testing.T) {
 	}
 	enforcement := enforce.DefaultConfig()
 	enforcement.Names = names
+	enforcement.Paths.HostCacheDir = t.TempDir()
 	plugin := &nri.Plugin{Node: node, Enforce: enforcement, PodWait: time.Second}
+	backend, err := discovery.NewSimulated(node, "1x"+string(cluster.A100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cards, err := backend.Cards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugin.Update(cards)
 	ctx, cancel := context.WithTimeout(e.tCtx, 30*time.Second)
 	defer cancel()
 	pods, err := nri.WatchPodsOnNode(ctx, e.agentClient(node), node)
@@ -57,7 +68,7 @@ func TestHAMiNamesEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	plugin.SetPods(pods)
-	adj, _, err := plugin.CreateContainer(ctx, &api.PodSandbox{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)}, &api.Container{Name: "main"})
+	adj, _, err := plugin.CreateContainer(ctx, &api.PodSandbox{Name: pod.Name, Namespace: pod.Namespace, Uid: string(pod.UID)}, &api.Container{Id: "ctr-main", Name: "main"})
 	if err != nil {
 		t.Fatal(err)
 	}
