@@ -52,12 +52,14 @@ type Collector struct {
 	// outlives its scrape is never joined by another.
 	reading chan struct{}
 
-	mu    sync.Mutex
-	cards []discovery.Card
-	xids  map[string]map[uint64]uint64 // by card UUID, then XID
+	mu         sync.Mutex
+	cards      []discovery.Card
+	xids       map[string]map[uint64]uint64 // by card UUID, then XID
+	unenforced [2]uint64                    // containers found unenforced: left, stopped
 
 	cardInfo, memTotal, memUsed, util, temp, healthy, xidErrors *prometheus.Desc
 	assignedMem, assignedCores, usedMem                         *prometheus.Desc
+	unenforcedTotal                                             *prometheus.Desc
 }
 
 // New returns the collector of node's metrics, reading live statistics from
@@ -83,6 +85,8 @@ func New(node string, backend discovery.Backend) *Collector {
 			[]string{"card", "xid"}),
 		assignedMem:   d("container_memory_assigned_mib", "GPU memory the container was assigned on the card, MiB (its pod's tessera.io/gpu-assignment).", ctr),
 		assignedCores: d("container_cores_assigned_percent", "Compute share the container was assigned on the card, percent (its pod's tessera.io/gpu-assignment).", ctr),
+		unenforcedTotal: d("unenforced_containers_total", "Containers found running without enforcement when the agent connected to the runtime (created while it could not enforce), "+
+			`by whether the agent stopped them ("true": they could see cards they were not given).`, []string{"stopped"}),
 		usedMem: d("container_memory_used_mib", "GPU memory the container's processes use on the card, MiB (NVML's per-process accounting); "+
 			`namespace, pod and container "" sum the processes of no known container.`, ctr),
 	}
@@ -94,6 +98,18 @@ func (c *Collector) Update(cards []discovery.Card) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.cards = append([]discovery.Card(nil), cards...)
+}
+
+// ObserveUnenforced counts a container found running without enforcement,
+// stopped or not.
+func (c *Collector) ObserveUnenforced(stopped bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if stopped {
+		c.unenforced[1]++
+	} else {
+		c.unenforced[0]++
+	}
 }
 
 // ObserveXID counts an XID error of the card with that UUID.
@@ -112,7 +128,7 @@ func (c *Collector) SetPods(list PodLister) { c.pods.Store(&list) }
 
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.cardInfo, c.memTotal, c.memUsed, c.util, c.temp, c.healthy, c.xidErrors, c.assignedMem, c.assignedCores, c.usedMem} {
+	for _, d := range []*prometheus.Desc{c.cardInfo, c.memTotal, c.memUsed, c.util, c.temp, c.healthy, c.xidErrors, c.assignedMem, c.assignedCores, c.usedMem, c.unenforcedTotal} {
 		ch <- d
 	}
 }
@@ -139,7 +155,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			xids = append(xids, xidCount{uuid, xid, n})
 		}
 	}
+	unenforced := c.unenforced
 	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.unenforcedTotal, prometheus.CounterValue, float64(unenforced[0]), "false")
+	ch <- prometheus.MustNewConstMetric(c.unenforcedTotal, prometheus.CounterValue, float64(unenforced[1]), "true")
 
 	for _, card := range cards {
 		index := strconv.Itoa(card.Index)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 	"k8s.io/kubernetes/test/utils/ktesting"
 	"k8s.io/utils/ptr"
@@ -146,6 +148,7 @@ func TestNRILiveShares(t *testing.T) {
 	runtime := startRuntime(t, dir, running...)
 	t.Cleanup(runtime.Stop)
 	plugin := newPlugin(t)
+	plugin.stop = func(*api.Container) error { return nil } // no pods: the audit would stop them all
 	var mu sync.Mutex
 	var told []string
 	plugin.Refused = func(pod *v1.Pod, container, reason string) {
@@ -224,5 +227,89 @@ func TestNRIRegions(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(cacheDir, "ctr-p1.cache")); err != nil {
 		t.Errorf("another container's region went with it: %v", err)
+	}
+}
+
+// TestNRIAuditsOnConnecting: containers the runtime created while the
+// plugin was away are found when it connects: each that may see a card is
+// stopped and told of; one that cannot be stopped keeps the node not ready
+// until the runtime says it stopped; those running as enforcement has them
+// (by this agent or an earlier one) are left alone.
+func TestNRIAuditsOnConnecting(t *testing.T) {
+	tCtx := ktesting.Init(t)
+	dir := testutil.SocketDir(t)
+	running := []*api.Container{
+		// Adjusted by an earlier agent, which mounted the whole cache and a
+		// lock directory: its cards, limits and library are right. First,
+		// so that reporting it would crowd out one of the three below.
+		{Id: "ctr-older", PodSandboxId: "sb-older", Name: "main", Pid: 4141, Env: []string{
+			"NVIDIA_VISIBLE_DEVICES=GPU-2", "CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_SM_LIMIT_0=25",
+			"CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/cache/uid-older_main.cache", "CUDA_TASK_PRIORITY=1",
+		}, Mounts: []*api.Mount{
+			{Source: "/usr/local/vgpu/libvgpu.so", Destination: "/usr/local/vgpu/libvgpu.so"},
+			{Source: "/usr/local/vgpu/ld.so.preload", Destination: "/etc/ld.so.preload"},
+			{Source: "/var/lib/tessera/vgpu-cache", Destination: "/usr/local/vgpu/cache"},
+			{Source: "/tmp/vgpulock", Destination: "/tmp/vgpulock"},
+		}},
+		// An image's NVIDIA_VISIBLE_DEVICES=all, never adjusted.
+		{Id: "ctr-escapee", PodSandboxId: "sb-escapee", Name: "main", Pid: 4242, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}},
+		{Id: "ctr-unstoppable", PodSandboxId: "sb-unstoppable", Name: "main", Pid: 4343, Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}},
+		// A container without GPUs as the agent makes it.
+		{Id: "ctr-plain", PodSandboxId: "sb-plain", Name: "main", Env: []string{"PATH=/bin", "NVIDIA_VISIBLE_DEVICES=void"}},
+		// No card, but no pod in the API either.
+		{Id: "ctr-orphan", PodSandboxId: "sb-orphan", Name: "main", Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}},
+	}
+	runtime := startRuntime(t, dir, running...)
+	t.Cleanup(runtime.Stop)
+	plugin := newPlugin(t)
+	var mu sync.Mutex
+	var stopped []string
+	plugin.stop = func(ctr *api.Container) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if ctr.GetId() == "ctr-unstoppable" {
+			return fmt.Errorf("process %d is no longer the container's", ctr.GetPid())
+		}
+		stopped = append(stopped, ctr.GetId())
+		return nil
+	}
+	reported := make(chan Unenforced, 10)
+	plugin.Unenforced = func(u Unenforced) { reported <- u }
+	plain := st.MakePod().Name("plain").Namespace("ns").UID("uid-plain").Node("node-1").Container("main").Obj()
+	plugin.SetPods(podMap(gpuPod("escapee", 0), gpuPod("unstoppable", 1), gpuPod("older", 2), plain))
+	runPlugin(tCtx, plugin, dir)
+
+	got := map[string]Unenforced{}
+	for len(got) < 3 {
+		select {
+		case u := <-reported:
+			got[u.PodName] = u
+		case <-tCtx.Done():
+			t.Fatalf("reported %v, want three containers", got)
+		}
+	}
+	for name, want := range map[string]struct{ holds, stopped bool }{"escapee": {true, true}, "unstoppable": {true, false}, "orphan": {false, false}} {
+		u := got[name]
+		if u.HoldsGPU != want.holds || u.Stopped != want.stopped || u.Reason == "" {
+			t.Errorf("pod %s: %+v, want holds %t, stopped %t, a reason", name, u, want.holds, want.stopped)
+		}
+	}
+	if r := got["escapee"].Reason; !strings.Contains(r, `NVIDIA_VISIBLE_DEVICES="all", not "GPU-0"`) {
+		t.Errorf("the escapee's reason = %q", r)
+	}
+	if diff := cmp.Diff([]string{"ctr-escapee"}, stopped); diff != "" {
+		t.Errorf("stopped (-want,+got):\n%s", diff)
+	}
+	waitReady(tCtx, plugin, false)
+	if r := plugin.NotReady(); !strings.Contains(r, "1 container(s) created while the agent could not enforce") {
+		t.Errorf("NotReady = %q", r)
+	}
+	// The runtime tells it stopped (again, until the runtime has finished
+	// adding the plugin, which the audit may beat).
+	if err := wait.PollUntilContextTimeout(tCtx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		runtime.stop(tCtx, "unstoppable")
+		return plugin.NotReady() == "", nil
+	}); err != nil {
+		t.Errorf("still not ready once the container stopped: %s", plugin.NotReady())
 	}
 }

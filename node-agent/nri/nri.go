@@ -88,7 +88,18 @@ type Plugin struct {
 	// dial replaces the unix-socket dialer in tests.
 	dial func(socket string) (net.Conn, error)
 
+	// Unenforced, when set, is told of every container found running
+	// without enforcement when the plugin connects; it must not block.
+	Unenforced func(Unenforced)
+	// stop replaces stopContainer in tests.
+	stop func(*api.Container) error
+
+	auditMu sync.Mutex
+	synced  *syncedState
+	wake    chan struct{}
+
 	mu        sync.Mutex
+	escapes   map[string]struct{} // unstoppable containers that escaped enforcement
 	connected bool
 	lastErr   error
 	since     time.Time
@@ -144,6 +155,8 @@ func (p *Plugin) NotReady() string {
 		return reasonNoPodCache
 	case p.cards.Load() == nil:
 		return reasonNoCards
+	case len(p.escapes) > 0:
+		return fmt.Sprintf("%d container(s) created while the agent could not enforce may see cards and could not be stopped", len(p.escapes))
 	}
 	return ""
 }
@@ -181,12 +194,13 @@ func (p *Plugin) setConnected(connected bool, err error) {
 // Synchronize is the runtime's first call after the plugin registered: it
 // lists the pods and containers running now, whose shares of the cards the
 // plugin counts from then on.
-func (p *Plugin) Synchronize(_ context.Context, _ []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
+func (p *Plugin) Synchronize(_ context.Context, sandboxes []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	live := map[string][]enforce.Holding{}
 	for _, ctr := range containers {
 		live[ctr.GetId()] = runningHoldings(ctr)
 	}
 	p.live.reset(live)
+	p.remember(sandboxes, containers)
 	p.setConnected(true, nil)
 	return nil, nil
 }
@@ -194,12 +208,14 @@ func (p *Plugin) Synchronize(_ context.Context, _ []*api.PodSandbox, containers 
 // StopContainer forgets the share of a container that stopped.
 func (p *Plugin) StopContainer(_ context.Context, _ *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
 	p.live.release(ctr.GetId())
+	p.escaped(ctr.GetId(), false)
 	return nil, nil
 }
 
 // RemoveContainer forgets a removed container and removes its shared region.
 func (p *Plugin) RemoveContainer(ctx context.Context, _ *api.PodSandbox, ctr *api.Container) error {
 	p.live.release(ctr.GetId())
+	p.escaped(ctr.GetId(), false)
 	if err := p.Enforce.Paths.RemoveRegion(enforce.RegionName(ctr.GetId())); err != nil {
 		klog.FromContext(ctx).Error(err, "Removing a container's shared region", "container", ctr.GetId())
 	}
@@ -351,7 +367,9 @@ func (p *Plugin) pod(ctx context.Context, namespace, name string) (*v1.Pod, erro
 
 // Run connects to the runtime's NRI socket and serves until ctx ends. When
 // the runtime drops the connection (a restart, a request that timed out) it
-// connects again, waiting longer after each failure up to RetryMax.
+// connects again, waiting longer after each failure up to RetryMax. Each
+// time it connects, it audits the containers the runtime lists (see
+// Unenforced) once its pod cache and cards allow.
 func (p *Plugin) Run(ctx context.Context, socket string) {
 	logger := klog.FromContext(ctx)
 	retryMax := p.RetryMax
@@ -359,6 +377,7 @@ func (p *Plugin) Run(ctx context.Context, socket string) {
 		retryMax = 30 * time.Second
 	}
 	backoff := wait.Backoff{Duration: 500 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 30, Cap: retryMax}
+	go p.auditLoop(ctx)
 	for {
 		started := time.Now()
 		err := p.serve(ctx, socket)

@@ -89,7 +89,8 @@ func startRuntime(t *testing.T, dir string, running ...*api.Container) *runtimeS
 	r, err := nri.New("test-runtime", "v1", func(ctx context.Context, cb nri.SyncCB) error {
 		var pods []*api.PodSandbox
 		for _, c := range running {
-			pods = append(pods, &api.PodSandbox{Id: c.PodSandboxId, Name: strings.TrimPrefix(c.PodSandboxId, "sb-"), Namespace: "ns"})
+			name := strings.TrimPrefix(c.PodSandboxId, "sb-")
+			pods = append(pods, &api.PodSandbox{Id: c.PodSandboxId, Name: name, Namespace: "ns", Uid: "uid-" + name})
 		}
 		_, err := cb(ctx, pods, running)
 		return err

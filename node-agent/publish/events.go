@@ -26,7 +26,25 @@ const (
 	// to start (an assignment that over-commits a card, a card it was not
 	// given, ...).
 	ReasonContainerRefused = "GPUContainerRefused"
+	// ReasonContainerUnenforced is on a pod whose container the agent found
+	// running without enforcement (created while it was disconnected).
+	ReasonContainerUnenforced = "GPUContainerUnenforced"
 )
+
+// ReportUnenforced records a Warning Event on pod: its container was found
+// running without enforcement (reason), and stopped or not.
+func (p *Publisher) ReportUnenforced(ctx context.Context, pod *v1.Pod, container, reason string, stopped bool) error {
+	outcome := "it sees no card, so it keeps running"
+	if stopped {
+		outcome = "it could see cards it was not given, so the agent stopped it"
+	}
+	note := fmt.Sprintf("container %q on node %s was created while the node agent could not enforce GPU assignments (%s); %s", container, p.NodeName, reason, outcome)
+	if len(note) > maxNote {
+		note = note[:maxNote-3] + "..."
+	}
+	regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+	return p.record(ctx, pod.Namespace, pod.Name+"-gpu-", "Audit", ReasonContainerUnenforced, v1.EventTypeWarning, note, regarding)
+}
 
 // ReportRefusal records a Warning Event on pod: its container could not
 // start, for reason.

@@ -212,6 +212,22 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 	}
 	if enforcer == nil {
 		a.Enforcement = enforcementOff{}
+	} else {
+		enforcer.Unenforced = func(u nri.Unenforced) {
+			if collector != nil {
+				collector.ObserveUnenforced(u.Stopped)
+			}
+			if u.Pod == nil {
+				return
+			}
+			go func() {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if err := a.Publisher.ReportUnenforced(ctx, u.Pod, u.Container, u.Reason, u.Stopped); err != nil {
+					klog.ErrorS(err, "Recording an unenforced container on the pod failed", "pod", klog.KObj(u.Pod), "container", u.Container)
+				}
+			}()
+		}
 	}
 	if enforcer != nil || collector != nil {
 		go func() {
