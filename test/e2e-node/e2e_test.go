@@ -493,8 +493,10 @@ func TestConcurrentContainers(t *testing.T) {
 // is in its environment, but no card is handed over (no CDI device, no
 // device node) and no library is mounted. On a GPU node, what keeps such a
 // container from every card is the container toolkit refusing that variable
-// from unprivileged containers (docs/install.md); with it, the container has
-// no GPU. Containers created once the agent is back get their cards.
+// from unprivileged containers (docs/install.md). When the agent is back it
+// finds that container among those the runtime lists, stops it (it could
+// see every card where the toolkit honours the variable) and says so on
+// the pod; containers created since get their cards.
 func TestAgentDown(t *testing.T) {
 	tCtx := ktesting.Init(t)
 	ns := testNamespace(tCtx)
@@ -514,27 +516,60 @@ func TestAgentDown(t *testing.T) {
 	})
 	id, err := suite.runtime.createContainer(tCtx, sb, pod, "first", extra{})
 	if err != nil {
-		t.Logf("with the agent down, CreateContainer failed: %v", err)
-	} else {
-		r, err := suite.runtime.start(tCtx, id)
-		if err != nil {
-			t.Fatalf("starting the container created while the agent was down: %v", err)
-		}
-		t.Logf("with the agent down, the runtime started the container with NVIDIA_VISIBLE_DEVICES=%q from its image", r.environ["NVIDIA_VISIBLE_DEVICES"])
-		checkDevices(t, "created while the agent was down", r, nil)
-		checkInterception(t, "created while the agent was down", r, "")
-		if _, ok := r.environ["CUDA_DEVICE_SM_LIMIT_0"]; ok {
-			t.Error("created while the agent was down, yet it has limits: the test cannot tell the agent was down")
-		}
+		t.Fatalf("with the agent down, CreateContainer failed: %v", err)
+	}
+	escaped, err := suite.runtime.start(tCtx, id)
+	if err != nil {
+		t.Fatalf("starting the container created while the agent was down: %v", err)
+	}
+	t.Logf("with the agent down, the runtime started the container with NVIDIA_VISIBLE_DEVICES=%q from its image", escaped.environ["NVIDIA_VISIBLE_DEVICES"])
+	checkDevices(t, "created while the agent was down", escaped, nil)
+	checkInterception(t, "created while the agent was down", escaped, "")
+	if _, ok := escaped.environ["CUDA_DEVICE_SM_LIMIT_0"]; ok {
+		t.Fatal("created while the agent was down, yet it has limits: the test cannot tell the agent was down")
 	}
 
 	if suite.agent, err = startAgent(tCtx); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true
+	// The agent stops it: its process goes, the runtime sees it exit.
+	if err := wait.PollUntilContextTimeout(tCtx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		status, err := suite.runtime.runtime.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
+		return err == nil && status.Status.State == runtimeapi.ContainerState_CONTAINER_EXITED, nil
+	}); err != nil {
+		t.Errorf("the container created while the agent was down still runs: %v", err)
+	}
+	waitEvent(tCtx, pod, "GPUContainerUnenforced", "the agent stopped it")
+
 	cards := cardsOf(tCtx, pod, "second")
 	r := startContainer(tCtx, sb, pod, "second")
 	checkEnv(t, "created after the agent came back", r, wantShared(cards, r.region(), "1"))
 	checkDevices(t, "created after the agent came back", r, cards)
 	checkInterception(t, "created after the agent came back", r, r.region())
+}
+
+// waitEvent waits for an Event of reason on pod whose note contains text.
+func waitEvent(tCtx ktesting.TContext, pod *v1.Pod, reason, text string) {
+	tCtx.Helper()
+	var notes []string
+	err := wait.PollUntilContextTimeout(tCtx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		events, err := suite.cp.Client.EventsV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		notes = notes[:0]
+		for _, e := range events.Items {
+			if e.Regarding.UID == pod.UID && e.Reason == reason {
+				notes = append(notes, e.Note)
+				if strings.Contains(e.Note, text) {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		tCtx.Errorf("no %s Event on pod %s saying %q (its %s Events: %q)", reason, pod.Name, text, reason, notes)
+	}
 }
