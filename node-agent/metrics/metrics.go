@@ -41,16 +41,13 @@ type Collector struct {
 	// ProcRoot is where /proc is read to find a process's container
 	// ("/proc"; a temporary directory in tests).
 	ProcRoot string
-	// Timeout bounds the backend's reading at each scrape (DefaultTimeout
-	// if zero).
-	Timeout time.Duration
+	// Stats reads the backend's live statistics at each scrape, within
+	// DefaultTimeout and one reading at a time (nil: the backend has none).
+	Stats *discovery.BoundedStats
 	// Logger reports what a scrape could not read.
 	Logger klog.Logger
 
 	pods atomic.Pointer[PodLister]
-	// reading holds one token while a backend reading runs: a reading that
-	// outlives its scrape is never joined by another.
-	reading chan struct{}
 
 	mu         sync.Mutex
 	cards      []discovery.Card
@@ -72,8 +69,7 @@ func New(node string, backend discovery.Backend) *Collector {
 		return prometheus.NewDesc("tessera_agent_"+name, help, labels, node1)
 	}
 	return &Collector{
-		node: node, backend: backend, ProcRoot: "/proc", Timeout: DefaultTimeout, Logger: klog.Background(),
-		reading:  make(chan struct{}, 1),
+		node: node, backend: backend, ProcRoot: "/proc", Stats: discovery.NewBoundedStats(backend, DefaultTimeout), Logger: klog.Background(),
 		xids:     map[string]map[uint64]uint64{},
 		cardInfo: d("card_info", "A card of the node (always 1), with its UUID and model.", []string{"card", "uuid", "model"}),
 		memTotal: d("card_memory_total_mib", "The card's memory, MiB.", card),
@@ -227,7 +223,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		for _, p := range st.Processes {
 			id := p.ContainerID
 			if id == "" && p.PID != 0 {
-				id = containerOf(c.ProcRoot, p.PID, containers)
+				id = discovery.ContainerOfProcess(c.ProcRoot, p.PID, func(id string) bool { _, ok := containers[id]; return ok })
 			}
 			ref, ok := containers[id]
 			if !ok {
@@ -242,51 +238,17 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// readStats reads the backend's live statistics within the timeout; nil
-// when it has none, failed entirely, or took too long (the reading goes on,
-// and no other starts until it ends).
+// readStats reads the backend's live statistics, bounded; nil when it has
+// none, failed entirely, or took too long.
 func (c *Collector) readStats() []discovery.CardStats {
-	reader, ok := c.backend.(discovery.StatsReader)
-	if !ok {
+	if c.Stats == nil {
 		return nil
 	}
-	select {
-	case c.reading <- struct{}{}:
-	default:
-		c.Logger.Error(nil, "GPU statistics left out of the metrics: the previous reading has not finished")
-		return nil
+	stats, err := c.Stats.Read()
+	if err != nil {
+		c.Logger.Error(err, "Some GPU statistics left out of the metrics")
 	}
-	type result struct {
-		stats []discovery.CardStats
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		defer func() { <-c.reading }()
-		defer func() {
-			if r := recover(); r != nil {
-				done <- result{err: fmt.Errorf("reading GPU statistics panicked: %v", r)}
-			}
-		}()
-		stats, err := reader.Stats()
-		done <- result{stats, err}
-	}()
-	timeout := c.Timeout
-	if timeout <= 0 {
-		timeout = DefaultTimeout
-	}
-	timer := time.NewTimer(timeout)
-	defer timer.Stop()
-	select {
-	case r := <-done:
-		if r.err != nil {
-			c.Logger.Error(r.err, "Some GPU statistics left out of the metrics")
-		}
-		return r.stats
-	case <-timer.C:
-		c.Logger.Error(nil, "GPU statistics left out of the metrics: the backend did not answer in time", "timeout", timeout)
-		return nil
-	}
+	return stats
 }
 
 func (c *Collector) listPods() []*v1.Pod {

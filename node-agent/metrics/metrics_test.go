@@ -213,7 +213,7 @@ func TestCollector(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := New(node, tc.backend)
-			c.Timeout = 100 * time.Millisecond
+			c.Stats = discovery.NewBoundedStats(tc.backend, 100*time.Millisecond)
 			c.Update(cards)
 			c.ObserveXID("GPU-sim-node-1-0", 79)
 			c.ObserveXID("GPU-sim-node-1-0", 13)
@@ -238,12 +238,13 @@ func TestCollectorHangingBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	release, calls := make(chan struct{}), 0
-	c := New(node, statsBackend{sim, func() ([]discovery.CardStats, error) {
+	hanging := statsBackend{sim, func() ([]discovery.CardStats, error) {
 		calls++
 		<-release
 		return sim.Stats()
-	}})
-	c.Timeout = 50 * time.Millisecond
+	}}
+	c := New(node, hanging)
+	c.Stats = discovery.NewBoundedStats(hanging, 50*time.Millisecond)
 	temperature := []string{"tessera_agent_card_temperature_celsius"}
 	for i := 0; i < 2; i++ {
 		if got := samples(t, c, temperature...); got != nil {
@@ -312,8 +313,8 @@ func TestContainerOf(t *testing.T) {
 		{100, idTrain}, {200, idInfer}, {300, idSide}, {400, ""}, {500, ""},
 		{600, ""}, // exited since NVML listed it
 	} {
-		if got := containerOf(procRoot, tc.pid, known); got != tc.want {
-			t.Errorf("containerOf(%d) = %q, want %q", tc.pid, got, tc.want)
+		if got := discovery.ContainerOfProcess(procRoot, tc.pid, func(id string) bool { _, ok := known[id]; return ok }); got != tc.want {
+			t.Errorf("ContainerOfProcess(%d) = %q, want %q", tc.pid, got, tc.want)
 		}
 	}
 	if diff := cmp.Diff(containerRef{"team-b", "infer", "proxy"}, known[idSide], cmp.AllowUnexported(containerRef{})); diff != "" {

@@ -1,11 +1,7 @@
 package metrics
 
 import (
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"unicode"
 
 	v1 "k8s.io/api/core/v1"
 )
@@ -29,22 +25,4 @@ func containerIDs(pods []*v1.Pod) map[string]containerRef {
 		}
 	}
 	return ids
-}
-
-// containerOf returns the ID of the known container whose cgroup holds the
-// process, from procRoot/<pid>/cgroup, or "". The runtimes put the
-// container's ID in the cgroup's path, whatever the cgroup driver:
-// ".../cri-containerd-<id>.scope" (systemd), ".../pod<uid>/<id>" (cgroupfs),
-// ".../crio-<id>.scope" (CRI-O).
-func containerOf(procRoot string, pid uint32, known map[string]containerRef) string {
-	raw, err := os.ReadFile(filepath.Join(procRoot, strconv.FormatUint(uint64(pid), 10), "cgroup"))
-	if err != nil {
-		return ""
-	}
-	for _, word := range strings.FieldsFunc(string(raw), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }) {
-		if _, ok := known[word]; ok {
-			return word
-		}
-	}
-	return ""
 }
