@@ -3,12 +3,7 @@ package discovery
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
-	"unicode"
 )
 
 // BoundedStats reads a backend's live statistics within a timeout, one
@@ -69,22 +64,4 @@ func (b *BoundedStats) Read() ([]CardStats, error) {
 	case <-timer.C:
 		return nil, fmt.Errorf("the backend did not answer within %v", b.timeout)
 	}
-}
-
-// ContainerOfProcess returns the ID of the container whose cgroup holds
-// process pid, among the IDs known accepts, from procRoot/<pid>/cgroup; ""
-// for none (or a process gone). The runtimes put the container's ID in the
-// cgroup's path, whatever the cgroup driver: ".../cri-containerd-<id>.scope"
-// (systemd), ".../pod<uid>/<id>" (cgroupfs), ".../crio-<id>.scope" (CRI-O).
-func ContainerOfProcess(procRoot string, pid uint32, known func(id string) bool) string {
-	raw, err := os.ReadFile(filepath.Join(procRoot, strconv.FormatUint(uint64(pid), 10), "cgroup"))
-	if err != nil {
-		return ""
-	}
-	for _, word := range strings.FieldsFunc(string(raw), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }) {
-		if known(word) {
-			return word
-		}
-	}
-	return ""
 }

@@ -2,13 +2,8 @@ package nri
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -17,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 )
 
@@ -218,28 +214,11 @@ func seesGPU(ctr *api.Container) bool {
 	return enforce.CheckDevices(deviceNodes(ctr), nil, nil) != nil
 }
 
-// procRoot is where stopContainer reads processes.
-const procRoot = "/proc"
-
-// stopContainer kills the container's init process (and with it the
-// container: its PID namespace ends), having checked that the process is
-// still the container's (its cgroup names the container's ID).
+// stopContainer kills the container's init process, and with it the
+// container (its PID namespace ends), once the process's cgroup shows it is
+// still the container's.
 func stopContainer(ctr *api.Container) error {
-	pid := ctr.GetPid()
-	if pid == 0 {
-		return errors.New("the runtime did not give the container's process")
-	}
-	cgroup, err := os.ReadFile(filepath.Join(procRoot, strconv.FormatUint(uint64(pid), 10), "cgroup"))
-	if err != nil {
-		return fmt.Errorf("reading process %d: %w", pid, err)
-	}
-	if !strings.Contains(string(cgroup), ctr.GetId()) {
-		return fmt.Errorf("process %d is no longer the container's", pid)
-	}
-	if err := syscall.Kill(int(pid), syscall.SIGKILL); err != nil {
-		return fmt.Errorf("killing process %d: %w", pid, err)
-	}
-	return nil
+	return discovery.KillContainerProcess("/proc", ctr.GetPid(), ctr.GetId())
 }
 
 // escaped records (or, with still false, forgets) a container that escaped

@@ -195,9 +195,15 @@ func (p *Plugin) setConnected(connected bool, err error) {
 // lists the pods and containers running now, whose shares of the cards the
 // plugin counts from then on.
 func (p *Plugin) Synchronize(_ context.Context, sandboxes []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
-	live := map[string][]enforce.Holding{}
+	bySandbox := make(map[string]*api.PodSandbox, len(sandboxes))
+	for _, sb := range sandboxes {
+		bySandbox[sb.GetId()] = sb
+	}
+	live := map[string]runningContainer{}
 	for _, ctr := range containers {
-		live[ctr.GetId()] = runningHoldings(ctr)
+		sb := bySandbox[ctr.GetPodSandboxId()]
+		owner := Owner{Namespace: sb.GetNamespace(), Pod: sb.GetName(), PodUID: types.UID(sb.GetUid()), Container: ctr.GetName()}
+		live[ctr.GetId()] = runningContainer{owner: owner, holdings: runningHoldings(ctr)}
 	}
 	p.live.reset(live)
 	p.remember(sandboxes, containers)
@@ -232,6 +238,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, sandbox *api.PodSandbox, c
 		return nil, nil, fmt.Errorf("tessera: container %q of pod %s/%s: %w", ctr.Name, sandbox.Namespace, sandbox.Name, err)
 	}
 	if p.unrestricted(pod, sandbox) {
+		p.live.admitUnrestricted(ctr.GetId(), ownerOf(pod, ctr))
 		klog.FromContext(ctx).V(2).Info("Left container of an unrestricted service account alone", "pod", klog.KObj(pod), "container", ctr.Name, "serviceAccount", pod.Spec.ServiceAccountName)
 		return nil, nil, nil
 	}
@@ -297,6 +304,15 @@ func (p *Plugin) refused(pod *v1.Pod, container, reason string) {
 // maxRefusals bounds the refusals remembered.
 const maxRefusals = 4096
 
+// Running lists the containers the runtime runs now, with the shares of
+// cards each holds (over-use detection compares them with what they use).
+func (p *Plugin) Running() []Running { return p.live.running() }
+
+// ownerOf names ctr of pod.
+func ownerOf(pod *v1.Pod, ctr *api.Container) Owner {
+	return Owner{Namespace: pod.Namespace, Pod: pod.Name, PodUID: pod.UID, Container: ctr.GetName()}
+}
+
 // unrestricted reports whether pod, running in sandbox, runs as one of the
 // unrestricted service accounts.
 func (p *Plugin) unrestricted(pod *v1.Pod, sandbox *api.PodSandbox) bool {
@@ -317,7 +333,7 @@ func (p *Plugin) adjust(ctx context.Context, pod *v1.Pod, sandbox *api.PodSandbo
 		err = enforce.CheckDevices(deviceNodes(ctr), adj.Holdings, node.Cards)
 	}
 	if err == nil {
-		err = p.live.admit(ctr.Id, adj.Holdings, node.Cards)
+		err = p.live.admit(ctr.Id, ownerOf(pod, ctr), adj.Holdings, node.Cards)
 	}
 	if err == nil && adj.Region != "" {
 		if err = p.Enforce.Paths.CreateRegion(adj.Region); err != nil {

@@ -20,8 +20,11 @@ import (
 // preemptor is created. A share's MemoryMiB of 0 is the whole card.
 type shares struct {
 	mu sync.Mutex
-	// containers are the holding keys of each live container, by ID.
+	// containers are the holding keys of each live container, by ID: every
+	// container the runtime runs, with no keys for one without cards.
 	containers map[string][]string
+	// owners name each live container, by ID.
+	owners map[string]Owner
 	// holdings are the live holdings by key, with how many live containers
 	// hold each (the containers of one claim share it).
 	holdings map[string]*heldShare
@@ -32,26 +35,69 @@ type heldShare struct {
 	refs  int
 }
 
-// reset replaces what is known with the holdings of the containers the
-// runtime lists, by container ID.
-func (s *shares) reset(live map[string][]enforce.Holding) {
+// Owner names a running container as the runtime does.
+type Owner struct {
+	Namespace, Pod string
+	PodUID         types.UID
+	Container      string
+	// Unrestricted is set for a container the agent left as it is (its
+	// pod's service account is unrestricted).
+	Unrestricted bool
+}
+
+// Running is a container the runtime runs, with the shares it holds.
+type Running struct {
+	// ID is the runtime's container ID.
+	ID string
+	Owner
+	// Holdings are its shares; none for a container without cards. The
+	// containers of one claim hold the same Holding.
+	Holdings []enforce.Holding
+}
+
+// runningContainer is what reset learns of one listed container.
+type runningContainer struct {
+	owner    Owner
+	holdings []enforce.Holding
+}
+
+// reset replaces what is known with the containers the runtime lists, by
+// container ID.
+func (s *shares) reset(live map[string]runningContainer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.containers, s.holdings = map[string][]string{}, map[string]*heldShare{}
-	for id, holdings := range live {
-		s.addLocked(id, holdings)
+	s.containers, s.owners, s.holdings = map[string][]string{}, map[string]Owner{}, map[string]*heldShare{}
+	for id, c := range live {
+		s.addLocked(id, c.owner, c.holdings)
 	}
+}
+
+// running lists the live containers and their holdings.
+func (s *shares) running() []Running {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Running, 0, len(s.containers))
+	for id, keys := range s.containers {
+		r := Running{ID: id, Owner: s.owners[id]}
+		for _, k := range keys {
+			if h := s.holdings[k]; h != nil {
+				r.Holdings = append(r.Holdings, enforce.Holding{Key: k, Cards: h.cards})
+			}
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // admit records container id's holdings, unless one of its cards would be
 // over-committed: the shares held on it now, plus what id adds, exceed its
 // memory or its compute. A holding already live (another container of the
 // same claim) adds nothing.
-func (s *shares) admit(id string, holdings []enforce.Holding, cards []discovery.Card) error {
+func (s *shares) admit(id string, owner Owner, holdings []enforce.Holding, cards []discovery.Card) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.containers == nil {
-		s.containers, s.holdings = map[string][]string{}, map[string]*heldShare{}
+		s.containers, s.owners, s.holdings = map[string][]string{}, map[string]Owner{}, map[string]*heldShare{}
 	}
 	byUUID := make(map[string]discovery.Card, len(cards))
 	for _, c := range cards {
@@ -89,8 +135,19 @@ func (s *shares) admit(id string, holdings []enforce.Holding, cards []discovery.
 				card.Index, uuid, heldMemory, card.MemoryMiB, heldCores, memory, cores)
 		}
 	}
-	s.addLocked(id, holdings)
+	s.addLocked(id, owner, holdings)
 	return nil
+}
+
+// admitUnrestricted records a container left as it is.
+func (s *shares) admitUnrestricted(id string, owner Owner) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.containers == nil {
+		s.containers, s.owners, s.holdings = map[string][]string{}, map[string]Owner{}, map[string]*heldShare{}
+	}
+	owner.Unrestricted = true
+	s.addLocked(id, owner, nil)
 }
 
 // release forgets container id: it stopped or was removed.
@@ -105,6 +162,7 @@ func (s *shares) release(id string) {
 		}
 	}
 	delete(s.containers, id)
+	delete(s.owners, id)
 }
 
 func (s *shares) heldLocked(card discovery.Card) (memory, cores int64) {
@@ -119,10 +177,11 @@ func (s *shares) heldLocked(card discovery.Card) (memory, cores int64) {
 	return memory, cores
 }
 
-func (s *shares) addLocked(id string, holdings []enforce.Holding) {
-	if _, ok := s.containers[id]; ok || len(holdings) == 0 {
+func (s *shares) addLocked(id string, owner Owner, holdings []enforce.Holding) {
+	if _, ok := s.containers[id]; ok {
 		return
 	}
+	s.owners[id] = owner
 	keys := make([]string, 0, len(holdings))
 	for _, h := range holdings {
 		keys = append(keys, h.Key)

@@ -9,6 +9,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -29,7 +30,20 @@ const (
 	// ReasonContainerUnenforced is on a pod whose container the agent found
 	// running without enforcement (created while it was disconnected).
 	ReasonContainerUnenforced = "GPUContainerUnenforced"
+	// ReasonShareExceeded is on a pod whose containers use more of a card
+	// than they hold.
+	ReasonShareExceeded = "GPUShareExceeded"
 )
+
+// ReportExceeded records a Warning Event on the pod (namespace, name, uid):
+// note says which of its containers use more of which card than they hold.
+func (p *Publisher) ReportExceeded(ctx context.Context, namespace, name string, uid types.UID, note string) error {
+	if len(note) > maxNote {
+		note = note[:maxNote-3] + "..."
+	}
+	regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: namespace, Name: name, UID: uid}
+	return p.record(ctx, namespace, name+"-gpu-", "OverUseCheck", ReasonShareExceeded, v1.EventTypeWarning, note, regarding)
+}
 
 // ReportUnenforced records a Warning Event on pod: its container was found
 // running without enforcement (reason), and stopped or not.

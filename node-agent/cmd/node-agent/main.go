@@ -20,6 +20,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -34,6 +35,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/metrics"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
+	"github.com/tessera-gpu/tessera/node-agent/overuse"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -65,6 +67,8 @@ func main() {
 	metricsAddress := flag.String("metrics-address", ":9402", "address of the Prometheus /metrics endpoint (the cards' and the containers' GPU metrics, docs/node-agent.md); empty disables it")
 	serviceAccount := flag.String("service-account", envOr("SERVICE_ACCOUNT", "tessera-node-agent"), "the agent's own service account, in --namespace: its pods' containers are left as they are (set SERVICE_ACCOUNT from the downward API)")
 	unrestricted := flag.String("unrestricted-service-accounts", "", "comma-separated service accounts, namespace:name, whose pods' containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter, gpu-operator:nvidia-dcgm-exporter); every other container without an assignment sees no card. Name only accounts in namespaces that exist and in which tenants cannot create pods")
+	overUseInterval := flag.Duration("over-use-check-interval", 15*time.Second, "how often the memory each container's processes use on each card (NVML) is compared with its share; a container over it on two checks in a row gets a Warning Event GPUShareExceeded on its pod; 0 turns the check off")
+	stopOverUse := flag.Bool("stop-over-use", false, "also kill the processes of a container over its share on a card (they were matched to it by their cgroup); the container's restart policy decides what follows")
 	claims := flag.Bool("dra", false, "serve the cards as DRA devices (driver tessera.io, resource.k8s.io/v1 ResourceSlices that many claims share) instead of the extended resources: no device plugin, and the node's inventory annotation is removed, so no card is counted twice")
 	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
@@ -110,7 +114,8 @@ func main() {
 			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 		}
 	}
-	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir}}
+	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir},
+		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, *metricsAddress); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
@@ -126,6 +131,10 @@ type services struct {
 	nriSocket  string
 	driver     *dra.Driver
 	draOptions dra.Options
+	// overUseInterval is how often over-use is checked (0: never);
+	// stopOverUse kills what is over.
+	overUseInterval time.Duration
+	stopOverUse     bool
 }
 
 func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, svc services, metricsAddress string) error {
@@ -180,9 +189,11 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			}
 		}()
 	}
+	stats := discovery.NewBoundedStats(backend, metrics.DefaultTimeout)
 	var collector *metrics.Collector
 	if metricsAddress != "" {
 		collector = metrics.New(nodeName, backend)
+		collector.Stats = stats
 		collector.Logger = klog.FromContext(ctx)
 		a.Metrics = collector
 		serveMetrics(ctx, metricsAddress, collector)
@@ -246,8 +257,38 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			}
 		}()
 	}
+	if enforcer != nil && stats != nil && svc.overUseInterval > 0 {
+		detector := &overuse.Detector{Stats: stats, Running: enforcer.Running, ProcRoot: "/proc", Stop: svc.stopOverUse,
+			Report: func(e overuse.Exceeded) { go reportExceeded(ctx, a.Publisher, e) }}
+		go detector.Run(ctx, svc.overUseInterval)
+	}
 	a.Run(ctx)
 	return nil
+}
+
+// reportExceeded records over-use on each pod concerned.
+func reportExceeded(ctx context.Context, publisher *publish.Publisher, e overuse.Exceeded) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	outcome := "the processes keep running (the agent's --stop-over-use is off)"
+	switch {
+	case e.Stopped:
+		outcome = "the agent killed those processes"
+	case e.StopErr != nil:
+		outcome = "the agent could not kill them: " + e.StopErr.Error()
+	}
+	told := map[types.UID]bool{}
+	for _, c := range e.Containers {
+		if told[c.PodUID] {
+			continue
+		}
+		told[c.PodUID] = true
+		note := fmt.Sprintf("container %q (with the others sharing its share) uses %d MiB of GPU %d (%s) on node %s, which holds %d MiB for it (processes %v); %s",
+			c.Container, e.UsedMiB, e.Card, e.UUID, publisher.NodeName, e.HeldMiB, e.PIDs, outcome)
+		if err := publisher.ReportExceeded(ctx, c.Namespace, c.Pod, c.PodUID, note); err != nil {
+			klog.ErrorS(err, "Recording over-use on the pod failed", "pod", klog.KRef(c.Namespace, c.Pod))
+		}
+	}
 }
 
 // enforcementOff is the enforcement of an agent started without NRI: never
