@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // PodGetter returns a pod as the API server has it (an informer's lister).
@@ -429,6 +431,75 @@ func (p *Plugin) serve(ctx context.Context, socket string) error {
 	return s.Run(ctx)
 }
 
+// podsOnNode is the field selector of the unfinished pods bound to node.
+func podsOnNode(node string) string {
+	return fields.AndSelectors(
+		fields.OneTermEqualSelector("spec.nodeName", node),
+		fields.OneTermNotEqualSelector("status.phase", string(v1.PodSucceeded)),
+		fields.OneTermNotEqualSelector("status.phase", string(v1.PodFailed)),
+	).String()
+}
+
+// SlimPod cuts a pod to what the agent reads of it — its identity, its
+// Tessera annotations, each container's name, resources and restart
+// policy, its claims, node, priority and service account, and the status
+// of its claims and containers — so that the cache of a node's pods stays
+// small however large their specs (environments, probes, volumes). Other
+// objects pass unchanged.
+func SlimPod(obj any) (any, error) {
+	pod, ok := obj.(*v1.Pod)
+	if !ok {
+		return obj, nil
+	}
+	slim := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID, ResourceVersion: pod.ResourceVersion,
+			DeletionTimestamp: pod.DeletionTimestamp,
+		},
+		Spec: v1.PodSpec{
+			NodeName: pod.Spec.NodeName, Priority: pod.Spec.Priority, ServiceAccountName: pod.Spec.ServiceAccountName,
+			ResourceClaims: pod.Spec.ResourceClaims,
+			InitContainers: slimContainers(pod.Spec.InitContainers), Containers: slimContainers(pod.Spec.Containers),
+		},
+		Status: v1.PodStatus{
+			Phase: pod.Status.Phase, ResourceClaimStatuses: pod.Status.ResourceClaimStatuses,
+			InitContainerStatuses: slimStatuses(pod.Status.InitContainerStatuses), ContainerStatuses: slimStatuses(pod.Status.ContainerStatuses),
+			EphemeralContainerStatuses: slimStatuses(pod.Status.EphemeralContainerStatuses),
+		},
+	}
+	for k, v := range pod.Annotations {
+		if strings.HasPrefix(k, gpuinfo.Domain+"/") {
+			if slim.Annotations == nil {
+				slim.Annotations = map[string]string{}
+			}
+			slim.Annotations[k] = v
+		}
+	}
+	return slim, nil
+}
+
+func slimContainers(in []v1.Container) []v1.Container {
+	if in == nil {
+		return nil
+	}
+	out := make([]v1.Container, len(in))
+	for i, c := range in {
+		out[i] = v1.Container{Name: c.Name, Resources: c.Resources, RestartPolicy: c.RestartPolicy}
+	}
+	return out
+}
+
+func slimStatuses(in []v1.ContainerStatus) []v1.ContainerStatus {
+	if in == nil {
+		return nil
+	}
+	out := make([]v1.ContainerStatus, len(in))
+	for i, s := range in {
+		out[i] = v1.ContainerStatus{Name: s.Name, ContainerID: s.ContainerID}
+	}
+	return out
+}
+
 // WatchPodsOnNode starts an informer over the pods bound to node — the only
 // pods whose containers the runtime on that node creates — and returns a
 // getter reading its cache once it has synced. It fails if the cache cannot
@@ -443,10 +514,12 @@ func WatchPodsOnNode(ctx context.Context, client kubernetes.Interface, node stri
 
 // PodsOnNode is WatchPodsOnNode's informer, as a lister of its cache: the
 // node agent's one watch of its pods serves both enforcement and metrics.
+// It holds the pods that have not finished (a pod leaves the watch when it
+// succeeds or fails), each cut to what the agent reads (SlimPod).
 func PodsOnNode(ctx context.Context, client kubernetes.Interface, node string) (corelisters.PodLister, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-	}))
+		o.FieldSelector = podsOnNode(node)
+	}), informers.WithTransform(SlimPod))
 	lister := factory.Core().V1().Pods().Lister()
 	factory.Start(ctx.Done())
 	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {

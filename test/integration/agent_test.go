@@ -4,19 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/health"
+	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -368,5 +374,60 @@ func TestXIDWatchFollowsTheCards(t *testing.T) {
 	inv, err := gpuinfo.DecodeInventory(node.Annotations[gpuinfo.InventoryAnnotation])
 	if err != nil || len(inv.Cards) != 2 || !inv.Cards[0].Healthy || inv.Cards[1].Healthy {
 		t.Errorf("inventory after an XID on the new card = %+v, %v; want card 1 unhealthy", inv, err)
+	}
+}
+
+// TestAgentPodCacheHoldsUnfinishedPods: the agent's pod cache, read as the
+// agent (its RBAC), holds the pods bound to its node that have not finished,
+// cut to what it reads: a pod that succeeds or fails leaves it.
+func TestAgentPodCacheHoldsUnfinishedPods(t *testing.T) {
+	e := newEnv(t)
+	node := e.plainNode("cache")
+	var names []string
+	for _, name := range []string{"running", "done", "failing"} {
+		pod := e.podSpec(name, "", nil)
+		pod.Spec.NodeName = node
+		pod.Spec.Containers[0].Env = []v1.EnvVar{{Name: "LARGE", Value: strings.Repeat("x", 1000)}}
+		e.create(pod)
+		names = append(names, name)
+	}
+	setPhase := func(name string, phase v1.PodPhase) {
+		t.Helper()
+		pod, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Status.Phase = phase
+		if _, err := e.client.CoreV1().Pods(e.ns).UpdateStatus(e.tCtx, pod, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setPhase("done", v1.PodSucceeded)
+	ctx, cancel := context.WithCancel(e.tCtx)
+	defer cancel()
+	lister, err := nri.PodsOnNode(ctx, e.agentClient(node), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := func() []string {
+		pods, _ := lister.Pods(e.ns).List(labels.Everything())
+		var got []string
+		for _, p := range pods {
+			if len(p.Spec.Containers[0].Env) != 0 {
+				t.Errorf("pod %s cached with its environment", p.Name)
+			}
+			got = append(got, p.Name)
+		}
+		slices.Sort(got)
+		return got
+	}
+	if diff := cmp.Diff([]string{"failing", "running"}, cached()); diff != "" {
+		t.Errorf("cached pods (-want,+got):\n%s", diff)
+	}
+	setPhase("failing", v1.PodFailed)
+	if err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return slices.Equal(cached(), []string{"running"}), nil
+	}); err != nil {
+		t.Errorf("a pod that failed stays cached: %v", cached())
 	}
 }
