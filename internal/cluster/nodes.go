@@ -115,7 +115,8 @@ func (cp *ControlPlane) AddDRANode(ctx context.Context, name string, spec CardSp
 }
 
 // PublishInventory sets the node's inventory annotation to raw, as the node's
-// agent: tests use it for inventories the agent's code would not write.
+// agent, and renews its heartbeat Lease once, as the agent does: tests use it
+// for inventories the agent's code would not write.
 func (cp *ControlPlane) PublishInventory(ctx context.Context, node, raw string) error {
 	client, err := cp.AgentClient(node)
 	if err != nil {
@@ -125,8 +126,11 @@ func (cp *ControlPlane) PublishInventory(ctx context.Context, node, raw string) 
 	if err != nil {
 		return err
 	}
-	_, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{})
-	return err
+	if _, err = client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return err
+	}
+	publisher := &publish.Publisher{Client: client, NodeName: node, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second}
+	return publisher.Heartbeat(ctx)
 }
 
 // AdvertiseGPUs sets the card-count resource in the node's capacity, as the

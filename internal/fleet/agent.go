@@ -16,7 +16,7 @@ import (
 // agentHeartbeatTimeout.
 const (
 	AgentNamespace   = "tessera-system"
-	HeartbeatTimeout = 2 * time.Minute
+	HeartbeatTimeout = 40 * time.Second
 )
 
 // Agent is what a node agent's heartbeat Lease says.

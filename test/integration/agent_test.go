@@ -124,7 +124,7 @@ func TestAgentPublishesInventoryAndHeartbeat(t *testing.T) {
 // the agent renews its Lease.
 func TestSilentAgentNodeGetsNoPodsUntilItReports(t *testing.T) {
 	e := newEnv(t)
-	name := e.node("quiet", cluster.A100, 1, nil)
+	name, _ := e.quietNode("quiet", cluster.A100, 1, nil)
 	past := time.Now().Add(-10 * time.Minute)
 	pub := &publish.Publisher{Client: e.agentClient(name), NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second, Now: func() time.Time { return past }}
 	if err := pub.Heartbeat(e.tCtx); err != nil {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/internal/schedulercmd"
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -115,12 +116,27 @@ func (e *env) startScheduler(flags ...string) *cluster.Scheduler {
 // node's agent.
 func (e *env) node(suffix string, spec cluster.CardSpec, cards int, labels map[string]string) string {
 	e.tCtx.Helper()
+	name, a := e.quietNode(suffix, spec, cards, labels)
+	// Its agent keeps reporting while the test runs, as on a node: the
+	// scheduler stops placing on a node whose heartbeat is 40 s old.
+	ctx, cancel := context.WithCancel(e.tCtx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	e.tCtx.Cleanup(func() { cancel(); <-done })
+	return name
+}
+
+// quietNode is node, with an agent that has published once and is left to
+// the test.
+func (e *env) quietNode(suffix string, spec cluster.CardSpec, cards int, labels map[string]string) (string, *agent.Agent) {
+	e.tCtx.Helper()
 	name := e.ns + "-" + suffix
-	if _, err := controlPlane.AddSimulatedNode(e.tCtx, name, spec, cards, labels); err != nil {
+	a, err := controlPlane.AddSimulatedNode(e.tCtx, name, spec, cards, labels)
+	if err != nil {
 		e.tCtx.Fatal(err)
 	}
 	e.nodes = append(e.nodes, name)
-	return name
+	return name, a
 }
 
 // plainNode creates a node without a GPU inventory, named after the test's

@@ -3,6 +3,7 @@ package gpushare
 import (
 	"context"
 	"errors"
+	"math"
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
@@ -22,7 +23,8 @@ const (
 	// does not decode or validate.
 	reasonInvalidInventory = "GPU inventory invalid"
 	// reasonAgentSilent is the Filter reason for a node whose agent's
-	// heartbeat is older than agentHeartbeatTimeout.
+	// heartbeat is older than agentHeartbeatTimeout, or that has a GPU
+	// inventory and no heartbeat Lease.
 	reasonAgentSilent = "GPU agent not reporting"
 	// reasonAgentUnready is the Filter reason for a node whose agent says it
 	// cannot enforce assignments.
@@ -48,14 +50,12 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 	}
 	node := nodeInfo.Node().Name
 	rec := p.records.lookup(nodeInfo.Node())
-	if rec != nil {
-		if rec.silentSince(s.silentBefore) {
-			p.wait(node, pod)
-			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentSilent)
-		}
-		if rec.notReady.Load() != nil {
-			p.wait(node, pod)
-			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonAgentUnready)
+	if reason := agentBlocks(s, nodeInfo.Node(), rec); reason != "" {
+		// Remembered first, then asked again: a Lease arriving in between
+		// either finds the pod waiting (and activates it) or is seen here.
+		p.wait(node, pod)
+		if reason = agentBlocks(s, nodeInfo.Node(), p.records.get(node)); reason != "" {
+			return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reason)
 		}
 	}
 	out, err := p.fit(s, nodeInfo, rec, allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
@@ -74,6 +74,20 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 		return fwk.NewStatus(fwk.Unschedulable, reservedReason(s.reservations, nodeInfo.Node()))
 	}
 	return fwk.NewStatus(failureCode(out.Failure.Kind), out.Failure.Message(s.selector))
+}
+
+// agentBlocks is why the node's agent keeps GPU pods off it in the cycle
+// (rec is its record, nil for none), or "": silent since the cycle's
+// cut-off, no Lease on a node with an inventory, or not ready.
+func agentBlocks(s *cycleState, node *v1.Node, rec *nodeRecord) string {
+	switch {
+	case rec != nil && rec.silentSince(s.silentBefore),
+		s.silentBefore != math.MinInt64 && (rec == nil || rec.renewed.Load() == 0) && hasInventory(node):
+		return reasonAgentSilent
+	case rec != nil && rec.notReady.Load() != nil:
+		return reasonAgentUnready
+	}
+	return ""
 }
 
 // failureCode tells the framework whether preempting pods could help:

@@ -73,7 +73,27 @@ func args(nodePolicy, gpuPolicy config.Policy) *config.GPUShareArgs {
 
 func newHarness(t testing.TB, a *config.GPUShareArgs, objs ...runtime.Object) *harness {
 	t.Helper()
+	return harnessOf(t, a, true, objs...)
+}
+
+// harnessOf is newHarness; with reporting, every node with an inventory
+// and no Lease among objs gets a fresh one (its agent reports), else none.
+func harnessOf(t testing.TB, a *config.GPUShareArgs, reporting bool, objs ...runtime.Object) *harness {
+	t.Helper()
 	tCtx := ktesting.Init(t)
+	if reporting {
+		leased := map[string]bool{}
+		for _, o := range objs {
+			if l, ok := o.(*coordinationv1.Lease); ok {
+				leased[strings.TrimPrefix(l.Name, gpuinfo.AgentLeasePrefix)] = true
+			}
+		}
+		for _, o := range objs {
+			if n, ok := o.(*v1.Node); ok && hasInventory(n) && !leased[n.Name] {
+				objs = append(objs, agentLease(n.Name, time.Now()))
+			}
+		}
+	}
 	client := clientsetfake.NewClientset(objs...)
 	factory := informers.NewSharedInformerFactory(client, 0)
 	recorder := events.NewFakeRecorder(100)
@@ -578,19 +598,25 @@ func TestSilentAgentKeepsPodsOff(t *testing.T) {
 	silent := testutil.GPUNode("silent", testutil.Inventory("s", "A100", 81920, 1))
 	alive := testutil.GPUNode("alive", testutil.Inventory("a", "A100", 81920, 1))
 	noLease := testutil.GPUNode("no-lease", testutil.Inventory("n", "A100", 81920, 1))
-	h := newHarness(t, nil, silent, alive, noLease,
+	noGPUs := st.MakeNode().Name("no-gpus").Obj()
+	h := harnessOf(t, nil, false, silent, alive, noLease, noGPUs,
 		agentLease("silent", time.Now().Add(-10*time.Minute)), agentLease("alive", time.Now()))
 	pod := gpuPod("p", testutil.Share(1024, 10)).Obj()
 	state := framework.NewCycleState()
 	h.plugin.PreFilter(h.ctx, state, pod, nil)
-	s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(silent))
-	if s.Code() != fwk.UnschedulableAndUnresolvable || s.Message() != reasonAgentSilent {
-		t.Errorf("Filter on a node with a silent agent = %v %q", s.Code(), s.Message())
-	}
-	for _, n := range []*v1.Node{alive, noLease} {
-		if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(n)); !s.IsSuccess() {
-			t.Errorf("Filter on %s = %v", n.Name, s)
+	// A silent agent, and an inventory without a Lease: no agent reports.
+	for _, n := range []*v1.Node{silent, noLease} {
+		s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(n))
+		if s.Code() != fwk.UnschedulableAndUnresolvable || s.Message() != reasonAgentSilent {
+			t.Errorf("Filter on %s = %v %q, want its agent not reporting", n.Name, s.Code(), s.Message())
 		}
+	}
+	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(alive)); !s.IsSuccess() {
+		t.Errorf("Filter on %s = %v", alive.Name, s)
+	}
+	// A node without GPUs needs no agent: it is refused for having none.
+	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(noGPUs)); s.Message() != reasonNoGPUs {
+		t.Errorf("Filter on a node without GPUs = %v", s)
 	}
 	// The agent reports again: the pod is retried at once.
 	if _, err := h.client.CoordinationV1().Leases("tessera-system").Update(h.ctx, agentLease("silent", time.Now()), metav1.UpdateOptions{}); err != nil {
@@ -616,5 +642,34 @@ func TestSilentAgentKeepsPodsOff(t *testing.T) {
 	off.plugin.PreFilter(off.ctx, state, pod, nil)
 	if s := off.plugin.Filter(off.ctx, state, pod, nodeInfo(silent)); !s.IsSuccess() {
 		t.Errorf("Filter with the check disabled = %v", s)
+	}
+}
+
+// TestHeartbeatsOnTheSchedulersClock: renewals are timed when the scheduler
+// sees them, so an agent whose clock runs behind still counts as
+// reporting while it renews, one whose clock runs ahead is not trusted
+// beyond now, and a Lease seen again unrenewed does not count as a renewal.
+func TestHeartbeatsOnTheSchedulersClock(t *testing.T) {
+	h := harnessOf(t, nil, false)
+	rec := func() int64 { return h.plugin.records.get("n").renewed.Load() }
+	before := time.Now().UnixNano()
+	h.plugin.onLease(agentLease("n", time.Now().Add(time.Hour))) // first seen, an hour ahead
+	if got := rec(); got < before || got > time.Now().UnixNano() {
+		t.Errorf("a Lease renewed in the future counts from %v, want now", time.Unix(0, got))
+	}
+	behind := time.Now().Add(-time.Hour)
+	h.plugin.onLease(agentLease("n", behind)) // renewed, by a clock an hour behind
+	first := rec()
+	if first < before {
+		t.Errorf("a renewal by a clock running behind counts from %v, want now", time.Unix(0, first))
+	}
+	h.plugin.onLease(agentLease("n", behind)) // the same renewal seen again
+	if rec() != first {
+		t.Error("a Lease seen again without a renewal counted as one")
+	}
+	stale := harnessOf(t, nil, false)
+	stale.plugin.onLease(agentLease("n", time.Now().Add(-time.Hour))) // first seen, an hour old
+	if got := stale.plugin.records.get("n").renewed.Load(); got > time.Now().Add(-59*time.Minute).UnixNano() {
+		t.Errorf("a Lease last renewed an hour ago, first seen now, counts from %v", time.Unix(0, got))
 	}
 }

@@ -19,8 +19,10 @@ import (
 // renewed its Lease within the timeout, or says on it that it cannot enforce
 // assignments (gpuinfo.AgentNotReadyAnnotation), gets no new GPU pods; the
 // pods kept off it are activated as soon as the agent reports again, not
-// after the scheduler's unschedulable timeout. A node without a Lease is not
-// affected.
+// after the scheduler's unschedulable timeout. A node with a GPU inventory
+// but no Lease counts as not reporting: its agent never started, or its
+// Lease was deleted. Renewals are timed by the scheduler's clock, when it
+// sees them.
 type heartbeats struct {
 	// records hold each agent's last renewal and reason for not being
 	// ready, beside what Filter keeps per node.
@@ -32,19 +34,26 @@ type heartbeats struct {
 	waiting map[string]map[types.UID]*v1.Pod // node -> pods rejected for its silent agent
 }
 
-// silence returns how long the node's agent has not reported, and whether
-// that is longer than timeout.
-func (hb *heartbeats) silence(node string, timeout time.Duration) (time.Duration, bool) {
-	rec := hb.records.get(node)
-	if rec == nil {
-		return 0, false
+// silence says whether the node's agent is not reporting — its Lease
+// renewed longer than timeout ago, or none for a node with a GPU inventory —
+// and how: "for <age>", or "no heartbeat Lease".
+func (hb *heartbeats) silence(node *v1.Node, timeout time.Duration) (string, bool) {
+	var renewed int64
+	if rec := hb.records.get(node.Name); rec != nil {
+		renewed = rec.renewed.Load()
 	}
-	renewed := rec.renewed.Load()
 	if renewed == 0 {
-		return 0, false
+		return "no heartbeat Lease", hasInventory(node)
 	}
 	age := time.Since(time.Unix(0, renewed))
-	return age, age > timeout
+	return "for " + age.Round(time.Second).String(), age > timeout
+}
+
+// hasInventory reports whether the node carries a GPU inventory: a node its
+// agent published (and must keep reporting on).
+func hasInventory(node *v1.Node) bool {
+	_, ok := node.Annotations[gpuinfo.InventoryAnnotation]
+	return ok
 }
 
 // unready returns the reason the node's agent gives for not enforcing
@@ -112,7 +121,15 @@ func (hb *heartbeats) onLease(obj any) {
 		return
 	}
 	rec := hb.records.ensure(node)
-	rec.renewed.Store(lease.Spec.RenewTime.UnixNano())
+	renewTime, now := lease.Spec.RenewTime.UnixNano(), time.Now().UnixNano()
+	switch previous := rec.leaseRenewTime.Swap(renewTime); {
+	case previous == 0:
+		// First seen (the scheduler starting): the agent's own time, but
+		// never later than now, so a stale Lease counts as stale.
+		rec.renewed.Store(min(renewTime, now))
+	case previous != renewTime:
+		rec.renewed.Store(now)
+	}
 	if reason, ok := lease.Annotations[gpuinfo.AgentNotReadyAnnotation]; ok {
 		if len(reason) > gpuinfo.MaxNotReadyReason {
 			reason = reason[:gpuinfo.MaxNotReadyReason] + "..."

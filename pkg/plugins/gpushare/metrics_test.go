@@ -29,7 +29,7 @@ func pendingPod(name, message string, limits map[v1.ResourceName]string) *v1.Pod
 func TestMetrics(t *testing.T) {
 	sick := tt.Inventory("s", "Tesla T4", 16384, 1)
 	sick.Cards[0].Healthy = false
-	newHarness(t, nil,
+	harnessOf(t, nil, false,
 		tt.GPUNode("a100", tt.Inventory("a", "A100", 81920, 2)),
 		tt.GPUNode("t4", sick),
 		boundPod("one", "a100", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-a-0", MemoryMiB: 10240, Cores: 30}}}),

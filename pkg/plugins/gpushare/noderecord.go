@@ -31,9 +31,14 @@ type nodeRecords struct {
 
 // nodeRecord is one node's record.
 type nodeRecord struct {
-	// renewed is the agent's last Lease renewal, Unix nanoseconds; 0 while
-	// the node has no Lease.
+	// renewed is when the scheduler saw the agent's Lease last renewed,
+	// Unix nanoseconds on the scheduler's clock (so that a node's clock
+	// running ahead or behind does not move the cut-off); 0 while the node
+	// has no Lease.
 	renewed atomic.Int64
+	// leaseRenewTime is the Lease's own renewTime as last seen (the agent's
+	// clock): a change is a renewal.
+	leaseRenewTime atomic.Int64
 	// notReady is the agent's reason for not enforcing assignments, nil
 	// while it gives none.
 	notReady atomic.Pointer[string]

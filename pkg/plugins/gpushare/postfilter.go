@@ -6,7 +6,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	v1 "k8s.io/api/core/v1"
@@ -79,8 +78,8 @@ type shortfall struct {
 func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo, claimNodes map[string]*claimNode) shortfall {
 	node := nodeInfo.Node().Name
 	if p.agentTimeout > 0 {
-		if age, silent := p.silence(node, p.agentTimeout); silent {
-			return shortfall{phrase: "with a GPU agent not reporting", example: node + " for " + age.Round(time.Second).String()}
+		if how, silent := p.silence(nodeInfo.Node(), p.agentTimeout); silent {
+			return shortfall{phrase: "with a GPU agent not reporting", example: node + " " + how}
 		}
 	}
 	if reason, unready := p.unready(node); unready {

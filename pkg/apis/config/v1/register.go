@@ -14,7 +14,7 @@ import (
 
 // Defaults of GPUShareArgs.
 const (
-	DefaultAgentHeartbeatTimeout = 2 * time.Minute
+	DefaultAgentHeartbeatTimeout = 40 * time.Second
 	DefaultAgentNamespace        = "tessera-system"
 )
 

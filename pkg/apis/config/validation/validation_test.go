@@ -29,7 +29,7 @@ func TestDefaultsAreValid(t *testing.T) {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
 	if a.NodePolicy != config.PolicyBinpack || a.GPUPolicy != config.PolicyBinpack ||
-		a.ResourceNames.GPU != "tessera.io/gpu" || a.AgentHeartbeatTimeout.Duration != 2*time.Minute || a.AgentNamespace != "tessera-system" {
+		a.ResourceNames.GPU != "tessera.io/gpu" || a.AgentHeartbeatTimeout.Duration != 40*time.Second || a.AgentNamespace != "tessera-system" {
 		t.Errorf("unexpected defaults: %+v", a)
 	}
 }
