@@ -23,9 +23,9 @@ import (
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
-	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/internal/schedulercmd"
 	"github.com/tessera-gpu/tessera/manifests"
+	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
