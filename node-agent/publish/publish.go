@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -37,6 +38,12 @@ type Publisher struct {
 	// earlier run may have written it) instead of writing it, so that the
 	// scheduler places no extended-resource pod on cards claims hold.
 	WithoutInventory bool
+
+	// leaseMu guards lease, the Lease as the last write returned it: the
+	// next renewal updates it without reading it first, as kubelet renews
+	// its node Lease (one request a renewal); a conflict reads it again.
+	leaseMu sync.Mutex
+	lease   *coordinationv1.Lease
 }
 
 // PublishInventory sets the node's inventory annotation to inv unless the
@@ -90,8 +97,24 @@ func (p *Publisher) Stopping(ctx context.Context) error {
 }
 
 func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
+	p.leaseMu.Lock()
+	defer p.leaseMu.Unlock()
 	now := metav1.NewMicroTime(p.now())
 	leases := p.Client.CoordinationV1().Leases(p.Namespace)
+	if p.lease != nil {
+		lease := p.lease.DeepCopy()
+		setNotReady(lease, notReady)
+		lease.Spec.RenewTime = &now
+		updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
+		if err == nil {
+			p.lease = updated
+			return nil
+		}
+		p.lease = nil // read it again: changed or deleted meanwhile
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return wrap(err, "renewing", p)
+		}
+	}
 	lease, err := leases.Get(ctx, p.LeaseName(), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		node, err := p.Client.CoreV1().Nodes().Get(ctx, p.NodeName, metav1.GetOptions{})
@@ -111,7 +134,10 @@ func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
 			},
 		}
 		setNotReady(lease, notReady)
-		_, err = leases.Create(ctx, lease, metav1.CreateOptions{})
+		created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
+		if err == nil {
+			p.lease = created
+		}
 		return wrap(err, "creating", p)
 	}
 	if err != nil {
@@ -121,7 +147,10 @@ func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
 	lease.Spec.RenewTime = &now
 	lease.Spec.HolderIdentity = ptr.To(p.NodeName)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(p.LeaseDuration / time.Second))
-	_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+	updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
+	if err == nil {
+		p.lease = updated
+	}
 	return wrap(err, "renewing", p)
 }
 
