@@ -431,3 +431,58 @@ func TestAgentPodCacheHoldsUnfinishedPods(t *testing.T) {
 		t.Errorf("a pod that failed stays cached: %v", cached())
 	}
 }
+
+// TestHeartbeatRenewsWithOneUpdate: the agent renews its Lease by updating
+// what its last write returned; a Lease changed meanwhile (a conflict) or
+// deleted is read again or created, and the renewal still lands.
+func TestHeartbeatRenewsWithOneUpdate(t *testing.T) {
+	e := newEnv(t)
+	node := e.plainNode("beat")
+	pub := &publish.Publisher{Client: e.agentClient(node), NodeName: node, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second}
+	leases := e.client.CoordinationV1().Leases(manifests.Namespace)
+	renewTime := func() time.Time {
+		l, err := leases.Get(e.tCtx, pub.LeaseName(), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Spec.RenewTime.Time
+	}
+	if err := pub.Heartbeat(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	last := renewTime()
+	for _, change := range []struct {
+		what string
+		do   func()
+	}{
+		{"nothing", func() {}},
+		{"a label added by someone else (a conflict)", func() {
+			l, err := leases.Get(e.tCtx, pub.LeaseName(), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Labels = map[string]string{"seen-by": "admin"}
+			if _, err := leases.Update(e.tCtx, l, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"the Lease deleted", func() {
+			if err := leases.Delete(e.tCtx, pub.LeaseName(), metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		change.do()
+		if err := pub.Heartbeat(e.tCtx); err != nil {
+			// A conflict or a deletion costs one failed renewal at most.
+			if err := pub.Heartbeat(e.tCtx); err != nil {
+				t.Fatalf("after %s: %v", change.what, err)
+			}
+		}
+		if now := renewTime(); !now.After(last) {
+			t.Errorf("after %s the Lease was not renewed (%v, then %v)", change.what, last, now)
+		} else {
+			last = now
+		}
+	}
+}
