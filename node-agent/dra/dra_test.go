@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/utils/ptr"
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
@@ -127,6 +128,14 @@ func TestPrepare(t *testing.T) {
 		name:    "a device the node does not have",
 		claim:   claim([]resourceapi.DeviceRequestAllocationResult{result("gpu", "gpu-7", "1Gi", "10")}),
 		wantErr: `request "gpu": device gpu-7 is not a card of node node-a`,
+	}, {
+		name: "admin access",
+		claim: func() *resourceapi.ResourceClaim {
+			r := result("gpu", "gpu-0", "1Gi", "10")
+			r.AdminAccess = ptr.To(true)
+			return claim([]resourceapi.DeviceRequestAllocationResult{r})
+		}(),
+		wantErr: `request "gpu": admin access to Tessera's cards is not supported`,
 	}, {
 		name:    "not allocated",
 		claim:   &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "ns", UID: "uid-1"}},

@@ -80,6 +80,9 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 		if r.Driver != gpuinfo.DRADriver || r.Pool != d.Node {
 			continue
 		}
+		if r.AdminAccess != nil && *r.AdminAccess {
+			return nil, fmt.Errorf("request %q: admin access to Tessera's cards is not supported: it would hand over a card others share, with no limit and outside the shares counted on it", r.Request)
+		}
 		card, ok := cards[r.Device]
 		if !ok {
 			return nil, fmt.Errorf("request %q: device %s is not a card of node %s", r.Request, r.Device, d.Node)

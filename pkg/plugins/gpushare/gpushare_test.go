@@ -374,6 +374,12 @@ func TestBind(t *testing.T) {
 	if s := h.plugin.Bind(h.ctx, framework.NewCycleState(), plainPod, "n"); s.Code() != fwk.Skip {
 		t.Errorf("Bind of a pod without GPUs = %v, want Skip", s)
 	}
+	// A GPU pod whose reservation was undone is not bound at all (skipping
+	// it would let DefaultBinder bind it without an assignment).
+	h.plugin.Unreserve(h.ctx, state, pod, "n")
+	if s := h.plugin.Bind(h.ctx, state, pod, "n"); s.Code() != fwk.Error || len(bindings) != 1 {
+		t.Errorf("Bind after Unreserve = %v, with %d bindings; want an error and no new binding", s, len(bindings))
+	}
 }
 
 func TestBindRejectsCardThatTurnedUnhealthy(t *testing.T) {
