@@ -128,18 +128,32 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
-	for g := range 8 {
+	// What each reader found, by node: a record is made once and never
+	// again, so whatever it found, by name or by object, must be that one.
+	seen := make([]map[int]*nodeRecord, 8)
+	for g := range seen {
+		seen[g] = map[int]*nodeRecord{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			note := func(node int, rec *nodeRecord) {
+				if rec == nil {
+					return
+				}
+				if prev := seen[g][node]; prev != nil && prev != rec {
+					t.Errorf("n%d: two records found, %p and %p", node, prev, rec)
+				}
+				seen[g][node] = rec
+			}
 			for i := 0; ; i++ {
 				select {
 				case <-done:
 					return
 				default:
 				}
-				_ = r.get(fmt.Sprint("n", (i*7+g)%nodes))
-				_ = r.lookup(objects[(i*5+g)%nodes])
+				byName, byObject := (i*7+g)%nodes, (i*5+g)%nodes
+				note(byName, r.get(fmt.Sprint("n", byName)))
+				note(byObject, r.lookup(objects[byObject]))
 			}
 		}()
 	}
@@ -155,6 +169,18 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 	}
 	close(done)
 	wg.Wait()
+	found := 0
+	for g := range seen {
+		for node, rec := range seen[g] {
+			found++
+			if rec != made[node] {
+				t.Errorf("a reader found %p for n%d, not the record made, %p", rec, node, made[node])
+			}
+		}
+	}
+	if found == 0 {
+		t.Error("no reader found any record: the lookups did not overlap the handlers")
+	}
 	for i := range nodes {
 		got := r.get(fmt.Sprint("n", i))
 		switch {

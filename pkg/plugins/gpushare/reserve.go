@@ -32,14 +32,15 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 	if err != nil {
 		return fwk.NewStatus(fwk.Unschedulable, err.Error())
 	}
-	s.assignment = a
+	s.assignment, s.assignedNode = a, nodeName
 	p.priorities.set(pod.UID, corev1helpers.PodPriority(pod))
 	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", a.Containers)
 	return nil
 }
 
-// Unreserve returns exactly the cards Reserve took, unless the pod has been
-// confirmed bound meanwhile.
+// Unreserve returns exactly the cards Reserve took on nodeName, unless the
+// pod has been confirmed bound meanwhile; an assignment on another node
+// stays the pod's.
 func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) {
 	s := getState(state)
 	if s == nil {
@@ -49,5 +50,7 @@ func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 	if !p.ledger.Holds(pod.UID) {
 		p.priorities.forget(pod.UID)
 	}
-	s.assignment = nil
+	if s.assignedNode == nodeName {
+		s.assignment, s.assignedNode = nil, ""
+	}
 }

@@ -23,6 +23,8 @@ type cycleState struct {
 	// deltas adjusts the ledger per node; nil unless AddPod/RemovePod ran.
 	deltas     map[string][]allocator.Delta
 	assignment *gpuinfo.Assignment
+	// assignedNode is the node of assignment.
+	assignedNode string
 	// workload and cpuMilli are set by PreScore when a policy measures
 	// fragmentation.
 	workload *allocator.Workload
