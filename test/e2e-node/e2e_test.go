@@ -436,6 +436,8 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("pod %s: CreateContainer returned %v; want the agent's refusal %q", tc.pod, err, tc.want)
 		}
 	}
+	// The refusal is also on the pod, for its owner to see.
+	waitEvent(tCtx, pods["escaping"], "GPUContainerRefused", "sets CUDA_DEVICE_MEMORY_LIMIT_0 2 times")
 }
 
 // TestConcurrentContainers: twenty containers created at once each run with
