@@ -129,10 +129,8 @@ func (r *runtimeSide) createWith(ctx context.Context, namespace, name, uid strin
 // stop tells the plugins that pod name's container main stopped.
 func (r *runtimeSide) stop(ctx context.Context, name string) {
 	r.t.Helper()
-	if _, err := r.StopContainer(ctx, &api.StopContainerRequest{
-		Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns"},
-		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"},
-	}); err != nil {
+	pod, ctr := existing(name)
+	if _, err := r.StopContainer(ctx, &api.StopContainerRequest{Pod: pod, Container: ctr}); err != nil {
 		r.t.Fatal(err)
 	}
 }
@@ -140,12 +138,16 @@ func (r *runtimeSide) stop(ctx context.Context, name string) {
 // remove tells the plugins that pod name's container main was removed.
 func (r *runtimeSide) remove(ctx context.Context, name string) {
 	r.t.Helper()
-	if err := r.RemoveContainer(ctx, &api.RemoveContainerRequest{
-		Pod:       &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns"},
-		Container: &api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"},
-	}); err != nil {
+	pod, ctr := existing(name)
+	if err := r.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: pod, Container: ctr}); err != nil {
 		r.t.Fatal(err)
 	}
+}
+
+// existing is pod name's sandbox and container main, as created.
+func existing(name string) (*api.PodSandbox, *api.Container) {
+	return &api.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns"},
+		&api.Container{Id: "ctr-" + name, PodSandboxId: "sb-" + name, Name: "main"}
 }
 
 // checkGetsGPU0 fails the test unless pod p0's container gets card GPU-0.

@@ -66,7 +66,8 @@ type runningContainer struct {
 func (s *shares) reset(live map[string]runningContainer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.containers, s.owners, s.holdings = map[string][]string{}, map[string]Owner{}, map[string]*heldShare{}
+	s.containers = nil
+	s.initLocked()
 	for id, c := range live {
 		s.addLocked(id, c.owner, c.holdings)
 	}
@@ -96,9 +97,7 @@ func (s *shares) running() []Running {
 func (s *shares) admit(id string, owner Owner, holdings []enforce.Holding, cards []discovery.Card) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.containers == nil {
-		s.containers, s.owners, s.holdings = map[string][]string{}, map[string]Owner{}, map[string]*heldShare{}
-	}
+	s.initLocked()
 	byUUID := make(map[string]discovery.Card, len(cards))
 	for _, c := range cards {
 		byUUID[c.UUID] = c
@@ -143,9 +142,7 @@ func (s *shares) admit(id string, owner Owner, holdings []enforce.Holding, cards
 func (s *shares) admitUnrestricted(id string, owner Owner) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.containers == nil {
-		s.containers, s.owners, s.holdings = map[string][]string{}, map[string]Owner{}, map[string]*heldShare{}
-	}
+	s.initLocked()
 	owner.Unrestricted = true
 	s.addLocked(id, owner, nil)
 }
@@ -175,6 +172,13 @@ func (s *shares) heldLocked(card discovery.Card) (memory, cores int64) {
 		}
 	}
 	return memory, cores
+}
+
+// initLocked makes the maps, when there are none.
+func (s *shares) initLocked() {
+	if s.containers == nil {
+		s.containers, s.owners, s.holdings = map[string][]string{}, map[string]Owner{}, map[string]*heldShare{}
+	}
 }
 
 func (s *shares) addLocked(id string, owner Owner, holdings []enforce.Holding) {
