@@ -27,6 +27,8 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/manifests"
+	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -125,6 +127,7 @@ func BenchmarkThroughput(b *testing.B) {
 			sides := throughputSides(tCtx, b.TempDir())
 			nodes := createThroughputNodes(tCtx, size.nodes)
 			defer deleteNodes(controlPlane.Client, nodes)
+			defer keepReporting(tCtx, nodes)()
 			rates, peaks := map[string][]float64{}, map[string][]float64{}
 			if *throughputOnly != "" {
 				sides = slices.DeleteFunc(sides, func(s side) bool { return s.name != *throughputOnly })
@@ -237,6 +240,33 @@ func createThroughputNodes(tCtx ktesting.TContext, n int) []string {
 		tCtx.Fatal(err)
 	}
 	return names
+}
+
+// keepReporting renews the nodes' heartbeat Leases every 10 s, as their
+// agents do (the scheduler keeps GPU pods off a node whose Lease is 40 s
+// old), until the returned function is called. Both sides run with this
+// load on the API server: the agents' renewals are part of a cluster.
+func keepReporting(tCtx ktesting.TContext, nodes []string) (stop func()) {
+	ctx, cancel := context.WithCancel(tCtx)
+	done := make(chan struct{})
+	publishers := make([]*publish.Publisher, len(nodes))
+	for i, n := range nodes {
+		publishers[i] = &publish.Publisher{Client: controlPlane.Client, NodeName: n, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second}
+	}
+	go func() {
+		defer close(done)
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_ = parallel(len(publishers), func(i int) error { return publishers[i].Heartbeat(ctx) })
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 func deleteNodes(client kubernetes.Interface, names []string) {
