@@ -318,6 +318,9 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, id string, node Node)
 	}
 	whole := cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0
 	adj := c.Cards(cards, whole, RegionName(id), c.taskPriority(pod, req.TaskPriority))
+	// Not a claim's: a value from the pod spec would make the agent count
+	// its cards as another claim's when it reads them back (runningHoldings).
+	adj.Env = append(adj.Env, EnvVar{ClaimEnv, ""})
 	adj.Holdings = []Holding{{Key: ContainerKey(id), Cards: cards}}
 	return adj, nil
 }

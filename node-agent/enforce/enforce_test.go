@@ -67,7 +67,7 @@ func TestFor(t *testing.T) {
 			{"CUDA_DEVICE_MEMORY_LIMIT_0", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_0", "30"},
 			{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
 			{"GPU_CORE_UTILIZATION_POLICY", "force"},
-			{"CUDA_TASK_PRIORITY", taskPriority},
+			{"CUDA_TASK_PRIORITY", taskPriority}, {"TESSERA_CLAIM", ""},
 		}, Mounts: mounts, Region: "ctr-1.cache", Holdings: []Holding{{Key: "container/ctr-1", Cards: gpu1}}}
 	}
 	share := `{"version":1,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":4096,"cores":30},{"index":3,"uuid":"GPU-3","memoryMiB":4096,"cores":30}]}}`
@@ -91,7 +91,7 @@ func TestFor(t *testing.T) {
 				{"CUDA_DEVICE_MEMORY_LIMIT_1", "4096m"}, {"CUDA_DEVICE_SM_LIMIT_1", "30"},
 				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
 				{"GPU_CORE_UTILIZATION_POLICY", "force"},
-				{"CUDA_TASK_PRIORITY", "1"},
+				{"CUDA_TASK_PRIORITY", "1"}, {"TESSERA_CLAIM", ""},
 			}, Mounts: mounts, Region: "ctr-1.cache", Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{
 				{Index: 1, UUID: "GPU-1", MemoryMiB: 4096, Cores: 30}, {Index: 3, UUID: "GPU-3", MemoryMiB: 4096, Cores: 30},
 			}}}},
@@ -124,12 +124,12 @@ func TestFor(t *testing.T) {
 		{
 			name: "whole cards get no task priority, whatever the pod's priority",
 			pod:  podWith(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole, ptr.To[int32](5000), "high"),
-			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}, Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{{Index: 2, UUID: "GPU-2", MemoryMiB: 81920, Cores: 100}}}}},
+			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}, {"TESSERA_CLAIM", ""}}, Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{{Index: 2, UUID: "GPU-2", MemoryMiB: 81920, Cores: 100}}}}},
 		},
 		{
 			name: "whole cards get only the cards",
 			pod:  pod(map[v1.ResourceName]string{"tessera.io/gpu": "1"}, whole),
-			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}}, Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{{Index: 2, UUID: "GPU-2", MemoryMiB: 81920, Cores: 100}}}}},
+			want: &Adjustment{Env: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "GPU-2"}, {"TESSERA_CLAIM", ""}}, Holdings: []Holding{{Key: "container/ctr-1", Cards: []gpuinfo.CardAssignment{{Index: 2, UUID: "GPU-2", MemoryMiB: 81920, Cores: 100}}}}},
 		},
 		{
 			name: "a container without GPUs sees none",
