@@ -231,19 +231,31 @@ func (e *env) waitFor(timeout time.Duration, what string, cond func() (bool, err
 func (e *env) waitBound(timeout time.Duration, names ...string) map[string]*v1.Pod {
 	e.tCtx.Helper()
 	got := map[string]*v1.Pod{}
-	e.waitFor(timeout, fmt.Sprintf("pods %v to be bound", names), func() (bool, error) {
+	var unbound []string
+	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		unbound = unbound[:0]
 		for _, n := range names {
-			p, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, n, metav1.GetOptions{})
+			p, err := e.client.CoreV1().Pods(e.ns).Get(ctx, n, metav1.GetOptions{})
 			if err != nil {
 				return false, err
 			}
 			if p.Spec.NodeName == "" {
-				return false, nil
+				why := "not tried yet"
+				for _, c := range p.Status.Conditions {
+					if c.Type == v1.PodScheduled && c.Status == v1.ConditionFalse {
+						why = c.Message
+					}
+				}
+				unbound = append(unbound, n+": "+why)
+				continue
 			}
 			got[n] = p
 		}
-		return true, nil
+		return len(unbound) == 0, nil
 	})
+	if err != nil {
+		e.tCtx.Fatalf("waiting for pods %v to be bound: %v; unbound:\n%s", names, err, strings.Join(unbound, "\n"))
+	}
 	return got
 }
 
