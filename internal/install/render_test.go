@@ -62,7 +62,9 @@ func TestBaseRenders(t *testing.T) {
 		"RoleBinding tessera-system/tessera-node-agent",
 		"ClusterRoleBinding /tessera-scheduler",
 		"ClusterRoleBinding /tessera-node-agent",
+		"ClusterRoleBinding /tessera-node-agent-auth-delegator",
 		"ConfigMap tessera-system/" + cm.GetName(),
+		"Service tessera-system/tessera-node-agent-metrics",
 		"Service tessera-system/tessera-scheduler-metrics",
 		"Deployment tessera-system/tessera-scheduler",
 		"DaemonSet tessera-system/tessera-node-agent",
@@ -257,8 +259,8 @@ func TestMonitoringRenders(t *testing.T) {
 	want := []string{
 		"ClusterRoleBinding/tessera-metrics-reader-prometheus",
 		"ConfigMap/tessera-grafana-dashboard",
-		"PodMonitor/tessera-node-agent",
 		"PrometheusRule/tessera",
+		"ServiceMonitor/tessera-node-agent",
 		"ServiceMonitor/tessera-scheduler",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -7,10 +7,7 @@
 package metrics
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -285,29 +282,15 @@ func NewRegistry(c *Collector) *prometheus.Registry {
 	return reg
 }
 
-// Serve serves g's metrics on /metrics from ln until ctx ends.
-func Serve(ctx context.Context, ln net.Listener, g prometheus.Gatherer) error {
+// Handler serves g's metrics (the agent guards it: node-agent/serving).
+func Handler(logger klog.Logger, g prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
 		ErrorHandling: promhttp.ContinueOnError,
-		ErrorLog:      promLogger{klog.FromContext(ctx)},
+		ErrorLog:      promLogger{logger},
 		Timeout:       2 * DefaultTimeout,
 	}))
-	server := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		<-ctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = server.Shutdown(shutdownCtx)
-	}()
-	err := server.Serve(ln)
-	if errors.Is(err, http.ErrServerClosed) {
-		<-stopped
-		return nil
-	}
-	return err
+	return mux
 }
 
 // promLogger passes promhttp's errors to klog.

@@ -1,11 +1,10 @@
 package metrics
 
 import (
-	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +17,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
@@ -322,8 +322,8 @@ func TestContainerOf(t *testing.T) {
 	}
 }
 
-// TestServe scrapes the endpoint over HTTP, as Prometheus does.
-func TestServe(t *testing.T) {
+// TestHandler scrapes the endpoint over HTTP, as Prometheus does.
+func TestHandler(t *testing.T) {
 	sim, _ := discovery.NewSimulated(node, "1xL4-24GB")
 	c := New(node, sim)
 	cards, _ := sim.Cards()
@@ -331,14 +331,9 @@ func TestServe(t *testing.T) {
 	c.SetPods(func() ([]*v1.Pod, error) {
 		return []*v1.Pod{gpuPod("ns", "p", node, `{"version":1,"containers":{"main":[{"index":0,"uuid":"GPU-sim-node-1-0","memoryMiB":2048,"cores":20}]}}`, nil)}, nil
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- Serve(ctx, ln, NewRegistry(c)) }()
-	url := "http://" + ln.Addr().String() + "/metrics"
+	server := httptest.NewServer(Handler(klog.Background(), NewRegistry(c)))
+	defer server.Close()
+	url := server.URL + "/metrics"
 	if err := promtest.ScrapeAndCompare(url, strings.NewReader(`
 # HELP tessera_agent_card_info A card of the node (always 1), with its UUID and model.
 # TYPE tessera_agent_card_info gauge
@@ -359,18 +354,6 @@ tessera_agent_container_memory_assigned_mib{card="0",container="main",namespace=
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics has no %q", want)
 		}
-	}
-	cancel()
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Errorf("Serve = %v after its context ended", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Serve did not return after its context ended")
-	}
-	if _, err := http.Get(url); err == nil {
-		t.Error("the endpoint still answers after its context ended")
 	}
 }
 

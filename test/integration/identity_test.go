@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,8 +29,10 @@ import (
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/metrics"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
+	"github.com/tessera-gpu/tessera/node-agent/serving"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -161,19 +165,37 @@ func TestInstalledIdentities(t *testing.T) {
 		t.Errorf("GPUUnhealthy events: told %d pods, %v; want 1", told, err)
 	}
 
-	// Its secure port: health without credentials, metrics for the role.
+	// The scheduler's secure port and the agent's metrics port: health
+	// without credentials, metrics for the role and for no one else (a
+	// tenant's token included), the agent's also with the token in the
+	// header kubectl tessera top sends through the API server's pod proxy.
 	promToken := e.metricsReaderToken()
+	if _, err := e.client.CoreV1().ServiceAccounts(e.ns).Create(e.tCtx, &v1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "tenant"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tenantToken := e.serviceAccountToken(e.ns, "tenant", nil)
+	agentPort := e.serveAgentMetrics(agentClient, node, backend)
+	bearer := func(name, token string) http.Header { return http.Header{name: {"Bearer " + token}} }
 	for _, tc := range []struct {
-		path, token string
-		want        int
+		port   int
+		path   string
+		header http.Header
+		want   int
 	}{
-		{"/readyz", "", http.StatusOK},
-		{"/livez", "", http.StatusOK},
-		{"/metrics", "", http.StatusForbidden},
-		{"/metrics", promToken, http.StatusOK},
+		{port, "/readyz", nil, http.StatusOK},
+		{port, "/livez", nil, http.StatusOK},
+		{port, "/metrics", nil, http.StatusForbidden},
+		{port, "/metrics", bearer("Authorization", promToken), http.StatusOK},
+		{agentPort, serving.HealthPath, nil, http.StatusOK},
+		{agentPort, "/metrics", nil, http.StatusUnauthorized},
+		{agentPort, "/metrics", bearer("Authorization", "not-a-token"), http.StatusUnauthorized},
+		{agentPort, "/metrics", bearer("Authorization", tenantToken), http.StatusForbidden},
+		{agentPort, "/metrics", bearer("Authorization", promToken), http.StatusOK},
+		{agentPort, "/metrics", bearer(serving.ForwardedTokenHeader, promToken), http.StatusOK},
+		{agentPort, "/metrics", bearer(serving.ForwardedTokenHeader, tenantToken), http.StatusForbidden},
 	} {
-		if got := e.httpsGet(port, tc.path, tc.token); got != tc.want {
-			t.Errorf("GET %s (token %t): %d, want %d", tc.path, tc.token != "", got, tc.want)
+		if got := e.httpsGet(tc.port, tc.path, tc.header); got != tc.want {
+			t.Errorf("GET %s on port %d with %v: %d, want %d", tc.path, tc.port, slices.Collect(maps.Keys(tc.header)), got, tc.want)
 		}
 	}
 
@@ -213,19 +235,19 @@ func (e *env) metricsReaderToken() string {
 	return e.serviceAccountToken(e.ns, "prometheus", nil)
 }
 
-// httpsGet GETs path from the scheduler's secure port (its certificate is
-// self-signed) and returns the status code.
-func (e *env) httpsGet(port int, path, token string) int {
+// httpsGet GETs path from a secure port on this machine (its certificate
+// is self-signed) with header, and returns the status code.
+func (e *env) httpsGet(port int, path string, header http.Header) int {
 	e.tCtx.Helper()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a self-signed test server
 	var code int
-	e.waitFor(30*time.Second, "an answer from the scheduler's secure port", func() (bool, error) {
+	e.waitFor(30*time.Second, fmt.Sprintf("an answer from port %d", port), func() (bool, error) {
 		req, err := http.NewRequestWithContext(e.tCtx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", port, path), nil)
 		if err != nil {
 			return false, err
 		}
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
+		for name, values := range header {
+			req.Header[name] = values
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -237,4 +259,35 @@ func (e *env) httpsGet(port int, path, token string) int {
 		return true, nil
 	})
 	return code
+}
+
+// serveAgentMetrics serves the agent's metrics port as the agent does, with
+// client's identity reviewing the callers, on a free port of this machine.
+func (e *env) serveAgentMetrics(client kubernetes.Interface, node string, backend discovery.Backend) int {
+	e.tCtx.Helper()
+	guard, err := serving.NewGuard(client)
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	cert, err := serving.Certificate("", "", node)
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	collector := metrics.New(node, backend)
+	ctx, stop := context.WithCancel(e.tCtx)
+	served := make(chan error, 1)
+	go func() {
+		served <- serving.Serve(ctx, ln, cert, guard.Handler(metrics.Handler(e.tCtx.Logger(), metrics.NewRegistry(collector))))
+	}()
+	e.tCtx.Cleanup(func() {
+		stop()
+		if err := <-served; err != nil {
+			e.tCtx.Errorf("the agent's metrics port: %v", err)
+		}
+	})
+	return ln.Addr().(*net.TCPAddr).Port
 }

@@ -233,10 +233,12 @@ func (e *env) waitBound(timeout time.Duration, names ...string) map[string]*v1.P
 	got := map[string]*v1.Pod{}
 	var unbound []string
 	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
-		unbound = unbound[:0]
+		var pending []string
 		for _, n := range names {
 			p, err := e.client.CoreV1().Pods(e.ns).Get(ctx, n, metav1.GetOptions{})
 			if err != nil {
+				// The last complete reading stays for the report: this
+				// Get may have failed only because time ran out.
 				return false, err
 			}
 			if p.Spec.NodeName == "" {
@@ -246,17 +248,36 @@ func (e *env) waitBound(timeout time.Duration, names ...string) map[string]*v1.P
 						why = c.Message
 					}
 				}
-				unbound = append(unbound, n+": "+why)
+				pending = append(pending, n+": "+why)
 				continue
 			}
 			got[n] = p
 		}
+		unbound = pending
 		return len(unbound) == 0, nil
 	})
 	if err != nil {
-		e.tCtx.Fatalf("waiting for pods %v to be bound: %v; unbound:\n%s", names, err, strings.Join(unbound, "\n"))
+		e.tCtx.Fatalf("waiting for pods %v to be bound: %v; unbound:\n%s\nthe namespace's pods:\n%s", names, err, strings.Join(unbound, "\n"), e.podsNow())
 	}
 	return got
+}
+
+// podsNow lists the namespace's pods, one line each with the node, the
+// nomination, whether it is terminating and its GPU assignment, for a
+// failing test's report.
+func (e *env) podsNow() string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(e.tCtx), 10*time.Second)
+	defer cancel()
+	pods, err := e.client.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		fmt.Fprintf(&b, "%s node=%q nominated=%q terminating=%t assignment=%s\n", p.Name, p.Spec.NodeName, p.Status.NominatedNodeName,
+			p.DeletionTimestamp != nil, p.Annotations[gpuinfo.AssignmentAnnotation])
+	}
+	return b.String()
 }
 
 // waitUnschedulable waits for the pod's PodScheduled=False condition and

@@ -1,6 +1,5 @@
 // Package monitoring tests manifests/monitoring: the PrometheusRule, the
-// PodMonitor and ServiceMonitor, the Grafana dashboard and their
-// kustomization. Every alert and dashboard query is parsed with Prometheus'
+// ServiceMonitors, the Grafana dashboard and their kustomization. Every alert and dashboard query is parsed with Prometheus'
 // own parsers and every metric it names is checked against the tables of
 // docs/observability.md, which the main module's tests check against the
 // metrics the code registers.

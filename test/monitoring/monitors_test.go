@@ -60,100 +60,73 @@ func selectsNamespace(sel monitoringv1.NamespaceSelector, ownNS, ns string) bool
 	return slices.Contains(sel.MatchNames, ns)
 }
 
-func TestPodMonitorSelectsAgents(t *testing.T) {
-	path := filepath.Join(monitoringDir, "podmonitor.yaml")
-	var pm monitoringv1.PodMonitor
-	decodeStrict(t, path, &pm)
-	if pm.Kind != monitoringv1.PodMonitorsKind {
-		t.Fatalf("%s: kind %q, want %s", path, pm.Kind, monitoringv1.PodMonitorsKind)
-	}
-	ds := findObject(t, agentDaemonSetPath, "DaemonSet", "tessera-node-agent")
-	podLabels := stringMap(ds, "spec", "template", "metadata", "labels")
-	ports := containerPortNames(ds)
-
-	if len(pm.Spec.Selector.MatchLabels) == 0 && len(pm.Spec.Selector.MatchExpressions) == 0 {
-		t.Errorf("%s: empty selector would scrape every pod", path)
-	}
-	if len(pm.Spec.Selector.MatchExpressions) > 0 {
-		t.Errorf("%s: matchExpressions are not checked here; use matchLabels", path)
-	}
-	if miss := missingLabels(pm.Spec.Selector.MatchLabels, podLabels); len(miss) > 0 {
-		t.Errorf("%s: selector labels %v not on the agent pods of %s (%v)", path, miss, agentDaemonSetPath, podLabels)
-	}
-	if ns := str(ds, "metadata", "namespace"); !selectsNamespace(pm.Spec.NamespaceSelector, pm.Namespace, ns) {
-		t.Errorf("%s: namespaceSelector %+v does not select the agents' namespace %q", path, pm.Spec.NamespaceSelector, ns)
-	}
-	if len(pm.Spec.PodMetricsEndpoints) == 0 {
-		t.Fatalf("%s: no podMetricsEndpoints", path)
-	}
-	for i, ep := range pm.Spec.PodMetricsEndpoints {
-		if ep.Port == nil {
-			t.Errorf("%s: podMetricsEndpoints[%d]: no port (want one of the agent's container ports %v)", path, i, ports)
-		} else if !slices.Contains(ports, *ep.Port) {
-			t.Errorf("%s: podMetricsEndpoints[%d].port %q is not a container port of the agent (%v)", path, i, *ep.Port, ports)
-		}
-		if ep.Path != "" && ep.Path != "/metrics" {
-			t.Errorf("%s: podMetricsEndpoints[%d].path %q, the agent serves /metrics", path, i, ep.Path)
-		}
-		// The container series' namespace, pod and container labels would
-		// otherwise become exported_namespace, exported_pod, exported_container.
-		if !ep.HonorLabels {
-			t.Errorf("%s: podMetricsEndpoints[%d]: honorLabels must be true to keep the agent's namespace/pod/container labels", path, i)
-		}
-	}
-}
-
-func TestServiceMonitorSelectsScheduler(t *testing.T) {
-	path := filepath.Join(monitoringDir, "servicemonitor.yaml")
-	var sm monitoringv1.ServiceMonitor
-	decodeStrict(t, path, &sm)
-	if sm.Kind != monitoringv1.ServiceMonitorsKind {
-		t.Fatalf("%s: kind %q, want %s", path, sm.Kind, monitoringv1.ServiceMonitorsKind)
-	}
-	svc := findObject(t, schedulerDeployPath, "Service", "tessera-scheduler-metrics")
-	deploy := findObject(t, schedulerDeployPath, "Deployment", "tessera-scheduler")
-
-	if len(sm.Spec.Selector.MatchLabels) == 0 || len(sm.Spec.Selector.MatchExpressions) > 0 {
-		t.Errorf("%s: want a selector of matchLabels only, got %+v", path, sm.Spec.Selector)
-	}
-	if miss := missingLabels(sm.Spec.Selector.MatchLabels, stringMap(svc, "metadata", "labels")); len(miss) > 0 {
-		t.Errorf("%s: selector labels %v not on Service tessera-scheduler-metrics", path, miss)
-	}
-	if ns := str(svc, "metadata", "namespace"); !selectsNamespace(sm.Spec.NamespaceSelector, sm.Namespace, ns) {
-		t.Errorf("%s: namespaceSelector %+v does not select the Service's namespace %q", path, sm.Spec.NamespaceSelector, ns)
-	}
-	// The Service itself reaches the scheduler's secure port.
-	if miss := missingLabels(stringMap(svc, "spec", "selector"), stringMap(deploy, "spec", "template", "metadata", "labels")); len(miss) > 0 {
-		t.Errorf("%s: Service tessera-scheduler-metrics selects %v, not on the scheduler's pods", schedulerDeployPath, miss)
-	}
-	svcPorts := map[string]any{}
-	for _, p := range list(svc, "spec", "ports") {
-		svcPorts[str(p, "name")] = field(p, "targetPort")
-		if tp, ok := field(p, "targetPort").(string); ok && !slices.Contains(containerPortNames(deploy), tp) {
-			t.Errorf("%s: Service port %s targets %q, not a scheduler container port", schedulerDeployPath, str(p, "name"), tp)
-		}
-	}
-	if len(sm.Spec.Endpoints) == 0 {
-		t.Fatalf("%s: no endpoints", path)
-	}
-	for i, ep := range sm.Spec.Endpoints {
-		if _, ok := svcPorts[ep.Port]; !ok {
-			t.Errorf("%s: endpoints[%d].port %q is not a port of Service tessera-scheduler-metrics (%v)", path, i, ep.Port, svcPorts)
-		}
-		if ep.Path != "" && ep.Path != "/metrics" {
-			t.Errorf("%s: endpoints[%d].path %q, the scheduler serves /metrics", path, i, ep.Path)
-		}
-		// kube-scheduler's secure port: TLS with its in-memory self-signed
-		// certificate, and a token it reviews.
-		if ep.Scheme == nil || !strings.EqualFold(string(*ep.Scheme), "https") {
-			t.Errorf("%s: endpoints[%d].scheme %v, want https", path, i, ep.Scheme)
-		}
-		if ep.BearerTokenFile != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
-			t.Errorf("%s: endpoints[%d].bearerTokenFile %q, want the pod's ServiceAccount token", path, i, ep.BearerTokenFile)
-		}
-		if tls := ep.TLSConfig; tls == nil || tls.InsecureSkipVerify == nil || !*tls.InsecureSkipVerify {
-			t.Errorf("%s: endpoints[%d].tlsConfig.insecureSkipVerify must be true (self-signed certificate)", path, i)
-		}
+// TestServiceMonitors checks that each ServiceMonitor selects its
+// component's metrics Service, that the Service reaches the component's
+// pods on a container port, and that the endpoints speak to the secure
+// port: HTTPS with the self-signed certificate and a token it reviews.
+func TestServiceMonitors(t *testing.T) {
+	for _, tc := range []struct {
+		monitor, workloadPath, workloadKind, workload, service string
+		// honorLabels: the series carry their own namespace, pod and
+		// container labels, which would otherwise become exported_*.
+		honorLabels bool
+	}{
+		{"servicemonitor.yaml", schedulerDeployPath, "Deployment", "tessera-scheduler", "tessera-scheduler-metrics", false},
+		{"agent-servicemonitor.yaml", agentDaemonSetPath, "DaemonSet", "tessera-node-agent", "tessera-node-agent-metrics", true},
+	} {
+		t.Run(tc.monitor, func(t *testing.T) {
+			path := filepath.Join(monitoringDir, tc.monitor)
+			var sm monitoringv1.ServiceMonitor
+			decodeStrict(t, path, &sm)
+			if sm.Kind != monitoringv1.ServiceMonitorsKind {
+				t.Fatalf("%s: kind %q, want %s", path, sm.Kind, monitoringv1.ServiceMonitorsKind)
+			}
+			svc := findObject(t, tc.workloadPath, "Service", tc.service)
+			workload := findObject(t, tc.workloadPath, tc.workloadKind, tc.workload)
+			if len(sm.Spec.Selector.MatchLabels) == 0 || len(sm.Spec.Selector.MatchExpressions) > 0 {
+				t.Errorf("%s: want a selector of matchLabels only, got %+v", path, sm.Spec.Selector)
+			}
+			if miss := missingLabels(sm.Spec.Selector.MatchLabels, stringMap(svc, "metadata", "labels")); len(miss) > 0 {
+				t.Errorf("%s: selector labels %v not on Service %s", path, miss, tc.service)
+			}
+			if ns := str(svc, "metadata", "namespace"); !selectsNamespace(sm.Spec.NamespaceSelector, sm.Namespace, ns) {
+				t.Errorf("%s: namespaceSelector %+v does not select the Service's namespace %q", path, sm.Spec.NamespaceSelector, ns)
+			}
+			// The Service itself reaches the component's secure port.
+			if miss := missingLabels(stringMap(svc, "spec", "selector"), stringMap(workload, "spec", "template", "metadata", "labels")); len(miss) > 0 {
+				t.Errorf("%s: Service %s selects %v, not on the %s's pods", tc.workloadPath, tc.service, miss, tc.workloadKind)
+			}
+			svcPorts := map[string]any{}
+			for _, p := range list(svc, "spec", "ports") {
+				svcPorts[str(p, "name")] = field(p, "targetPort")
+				if tp, ok := field(p, "targetPort").(string); ok && !slices.Contains(containerPortNames(workload), tp) {
+					t.Errorf("%s: Service port %s targets %q, not a container port of %s", tc.workloadPath, str(p, "name"), tp, tc.workload)
+				}
+			}
+			if len(sm.Spec.Endpoints) == 0 {
+				t.Fatalf("%s: no endpoints", path)
+			}
+			for i, ep := range sm.Spec.Endpoints {
+				if _, ok := svcPorts[ep.Port]; !ok {
+					t.Errorf("%s: endpoints[%d].port %q is not a port of Service %s (%v)", path, i, ep.Port, tc.service, svcPorts)
+				}
+				if ep.Path != "" && ep.Path != "/metrics" {
+					t.Errorf("%s: endpoints[%d].path %q, the component serves /metrics", path, i, ep.Path)
+				}
+				if ep.Scheme == nil || !strings.EqualFold(string(*ep.Scheme), "https") {
+					t.Errorf("%s: endpoints[%d].scheme %v, want https", path, i, ep.Scheme)
+				}
+				if ep.BearerTokenFile != "/var/run/secrets/kubernetes.io/serviceaccount/token" {
+					t.Errorf("%s: endpoints[%d].bearerTokenFile %q, want the pod's ServiceAccount token", path, i, ep.BearerTokenFile)
+				}
+				if tls := ep.TLSConfig; tls == nil || tls.InsecureSkipVerify == nil || !*tls.InsecureSkipVerify {
+					t.Errorf("%s: endpoints[%d].tlsConfig.insecureSkipVerify must be true (self-signed certificate)", path, i)
+				}
+				if ep.HonorLabels != tc.honorLabels {
+					t.Errorf("%s: endpoints[%d].honorLabels %t, want %t", path, i, ep.HonorLabels, tc.honorLabels)
+				}
+			}
+		})
 	}
 }
 

@@ -37,6 +37,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/overuse"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
+	"github.com/tessera-gpu/tessera/node-agent/serving"
 	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -64,7 +65,10 @@ func main() {
 	flag.StringVar(&enforcement.CDIKind, "cdi-kind", enforcement.CDIKind, "CDI kind the assigned cards are handed over as, besides NVIDIA_VISIBLE_DEVICES (the node's CDI spec must define it: nvidia-ctk cdi generate); empty hands them over by the variable alone, which a container toolkit refusing it from unprivileged containers ignores")
 	cdiNames := flag.String("cdi-device-names", string(enforcement.CDINames), "how the node's CDI spec names the cards: index (nvidia-ctk's default) or uuid")
 	quiet := flag.Duration("recovery-quiet-period", 10*time.Minute, "how long an unhealthy card must stay trouble-free before it returns to service")
-	metricsAddress := flag.String("metrics-address", ":9402", "address of the Prometheus /metrics endpoint (the cards' and the containers' GPU metrics, docs/node-agent.md); empty disables it")
+	var metricsPort endpoint
+	flag.StringVar(&metricsPort.address, "metrics-address", ":9402", "address of the HTTPS port serving /metrics (the cards' and the containers' GPU metrics, docs/node-agent.md) to callers the API server authenticates and authorizes to get /metrics, and /healthz to anyone; empty disables it")
+	flag.StringVar(&metricsPort.certFile, "tls-cert-file", "", "the metrics port's serving certificate (PEM); without it and --tls-private-key-file, a self-signed one is generated at start")
+	flag.StringVar(&metricsPort.keyFile, "tls-private-key-file", "", "the private key of --tls-cert-file (PEM)")
 	serviceAccount := flag.String("service-account", envOr("SERVICE_ACCOUNT", "tessera-node-agent"), "the agent's own service account, in --namespace: its pods' containers are left as they are (set SERVICE_ACCOUNT from the downward API)")
 	unrestricted := flag.String("unrestricted-service-accounts", "", "comma-separated service accounts, namespace:name, whose pods' containers keep the cards their image asks for (monitoring such as the GPU Operator's DCGM exporter, gpu-operator:nvidia-dcgm-exporter); every other container without an assignment sees no card. Name only accounts in namespaces that exist and in which tenants cannot create pods")
 	overUseInterval := flag.Duration("over-use-check-interval", 15*time.Second, "how often the memory each container's processes use on each card (NVML) is compared with its share; a container over it on two checks in a row gets a Warning Event GPUShareExceeded on its pod; 0 turns the check off")
@@ -116,7 +120,7 @@ func main() {
 	}
 	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir},
 		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse}
-	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, *metricsAddress); err != nil {
+	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, metricsPort); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
@@ -137,7 +141,7 @@ type services struct {
 	stopOverUse     bool
 }
 
-func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, svc services, metricsAddress string) error {
+func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, svc services, metricsPort endpoint) error {
 	plugin, enforcer, nriSocket := svc.plugin, svc.enforcer, svc.nriSocket
 	if nodeName == "" {
 		return errors.New("--node-name (or NODE_NAME) is required")
@@ -191,12 +195,14 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 	}
 	stats := discovery.NewBoundedStats(backend, metrics.DefaultTimeout)
 	var collector *metrics.Collector
-	if metricsAddress != "" {
+	if metricsPort.address != "" {
 		collector = metrics.New(nodeName, backend)
 		collector.Stats = stats
 		collector.Logger = klog.FromContext(ctx)
 		a.Metrics = collector
-		serveMetrics(ctx, metricsAddress, collector)
+		if err := serveMetrics(ctx, metricsPort, client, nodeName, collector); err != nil {
+			return err
+		}
 	}
 	if enforcer != nil {
 		if err := enforcer.Enforce.Paths.WritePreload(); err != nil {
@@ -304,20 +310,38 @@ func (enforcementOff) NotReady() string {
 // Changes is never signalled.
 func (enforcementOff) Changes() <-chan struct{} { return nil }
 
-// serveMetrics serves the collector's metrics on address until ctx ends. An
-// address it cannot listen on is logged: the agent runs on without metrics.
-func serveMetrics(ctx context.Context, address string, collector *metrics.Collector) {
-	ln, err := net.Listen("tcp", address)
+// endpoint is where and with which certificate the metrics port serves.
+type endpoint struct {
+	address, certFile, keyFile string
+}
+
+// serveMetrics serves the collector's metrics on the endpoint until ctx
+// ends, guarded by the API server's reviews (node-agent/serving). A
+// certificate it cannot load or a guard it cannot build is an error; an
+// address it cannot listen on is logged, and the agent runs on without
+// metrics.
+func serveMetrics(ctx context.Context, at endpoint, client kubernetes.Interface, nodeName string, collector *metrics.Collector) error {
+	cert, err := serving.Certificate(at.certFile, at.keyFile, nodeName)
 	if err != nil {
-		klog.ErrorS(err, "No metrics endpoint", "address", address)
-		return
+		return fmt.Errorf("metrics port certificate: %w", err)
 	}
-	klog.InfoS("Serving metrics", "address", ln.Addr().String())
+	guard, err := serving.NewGuard(client)
+	if err != nil {
+		return fmt.Errorf("metrics port authentication: %w", err)
+	}
+	ln, err := net.Listen("tcp", at.address)
+	if err != nil {
+		klog.ErrorS(err, "No metrics endpoint", "address", at.address)
+		return nil
+	}
+	klog.InfoS("Serving metrics over HTTPS", "address", ln.Addr().String(), "selfSignedCertificate", at.certFile == "")
+	handler := guard.Handler(metrics.Handler(klog.FromContext(ctx), metrics.NewRegistry(collector)))
 	go func() {
-		if err := metrics.Serve(ctx, ln, metrics.NewRegistry(collector)); err != nil {
-			klog.ErrorS(err, "Metrics endpoint stopped", "address", address)
+		if err := serving.Serve(ctx, ln, cert, handler); err != nil {
+			klog.ErrorS(err, "Metrics endpoint stopped", "address", at.address)
 		}
 	}()
+	return nil
 }
 
 // resourceNames are the names pods ask for GPUs with: those of the

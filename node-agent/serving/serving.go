@@ -1,0 +1,169 @@
+// Package serving serves the node agent's HTTPS port as kube-scheduler serves
+// its secure port: the health path to anyone (kubelet's probes carry no
+// credentials), every other path only to callers the API server
+// authenticates (TokenReview) and authorizes (SubjectAccessReview for the
+// non-resource path, as RBAC's nonResourceURLs grant it).
+package serving
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	"k8s.io/client-go/kubernetes"
+	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/klog/v2"
+)
+
+const (
+	// HealthPath answers 200 "ok" without authentication, for probes.
+	HealthPath = "/healthz"
+	// ForwardedTokenHeader carries a bearer token through the API server's
+	// pod proxy, which authenticates its caller by the Authorization header
+	// and removes it before forwarding (kubectl tessera top sends a token of
+	// the tessera-metrics-reader ServiceAccount here). It is read only when
+	// the request has no Authorization header, and is worth no more than the
+	// same token there.
+	ForwardedTokenHeader = "X-Tessera-Authorization"
+
+	// How long the API server's answers are kept: kube-scheduler's defaults.
+	tokenCacheTTL  = 10 * time.Second
+	allowCacheTTL  = 10 * time.Second
+	denyCacheTTL   = 10 * time.Second
+	reviewTimeout  = 10 * time.Second
+	shutdownPeriod = 5 * time.Second
+)
+
+// reviewBackoff retries a TokenReview or SubjectAccessReview that failed:
+// the API server's own webhook defaults.
+var reviewBackoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Jitter: 0.2, Steps: 5}
+
+// Guard admits requests to a protected handler.
+type Guard struct {
+	authn authenticator.Request
+	authz authorizer.Authorizer
+}
+
+// NewGuard reviews tokens and access through client's API server. The
+// caller's identity needs the ClusterRole system:auth-delegator.
+func NewGuard(client kubernetes.Interface) (*Guard, error) {
+	authn, _, err := authenticatorfactory.DelegatingAuthenticatorConfig{
+		TokenAccessReviewClient:  client.AuthenticationV1(),
+		TokenAccessReviewTimeout: reviewTimeout,
+		WebhookRetryBackoff:      &reviewBackoff,
+		CacheTTL:                 tokenCacheTTL,
+	}.New()
+	if err != nil {
+		return nil, fmt.Errorf("token review: %w", err)
+	}
+	authz, err := authorizerfactory.DelegatingAuthorizerConfig{
+		SubjectAccessReviewClient: client.AuthorizationV1(),
+		AllowCacheTTL:             allowCacheTTL,
+		DenyCacheTTL:              denyCacheTTL,
+		WebhookRetryBackoff:       &reviewBackoff,
+	}.New()
+	if err != nil {
+		return nil, fmt.Errorf("subject access review: %w", err)
+	}
+	return &Guard{authn: authn, authz: authz}, nil
+}
+
+// Handler serves HealthPath to anyone and protected to the callers allowed
+// to get the request's path: 401 without a valid token, 403 without the
+// permission.
+func (g *Guard) Handler(protected http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == HealthPath {
+			_, _ = w.Write([]byte("ok"))
+			return
+		}
+		if r.Header.Get("Authorization") == "" {
+			if forwarded := r.Header.Get(ForwardedTokenHeader); forwarded != "" {
+				r.Header.Set("Authorization", forwarded)
+			}
+		}
+		r.Header.Del(ForwardedTokenHeader)
+		resp, ok, err := g.authn.AuthenticateRequest(r)
+		if err != nil || !ok {
+			klog.FromContext(r.Context()).V(4).Info("Unauthenticated request", "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)
+			http.Error(w, "Unauthorized: a bearer token the API server accepts is required", http.StatusUnauthorized)
+			return
+		}
+		attrs := authorizer.AttributesRecord{User: resp.User, Verb: verbOf(r.Method), Path: r.URL.Path}
+		decision, reason, err := g.authz.Authorize(r.Context(), attrs)
+		if err != nil || decision != authorizer.DecisionAllow {
+			klog.FromContext(r.Context()).V(2).Info("Forbidden request", "user", resp.User.GetName(), "verb", attrs.Verb, "path", r.URL.Path, "reason", reason, "err", err)
+			http.Error(w, fmt.Sprintf("Forbidden: user %q may not %s path %q", resp.User.GetName(), attrs.Verb, r.URL.Path), http.StatusForbidden)
+			return
+		}
+		protected.ServeHTTP(w, r)
+	})
+}
+
+// verbOf is the RBAC verb of a non-resource request's method, as the API
+// server derives it.
+func verbOf(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead:
+		return "get"
+	case http.MethodPost:
+		return "post"
+	case http.MethodPut:
+		return "put"
+	case http.MethodDelete:
+		return "delete"
+	case http.MethodPatch:
+		return "patch"
+	}
+	return strings.ToLower(method)
+}
+
+// Certificate loads the serving certificate from certFile and keyFile, or,
+// when both are empty, generates a self-signed one for host in memory (as
+// kube-scheduler does without --tls-cert-file).
+func Certificate(certFile, keyFile, host string) (tls.Certificate, error) {
+	switch {
+	case certFile != "" && keyFile != "":
+		return tls.LoadX509KeyPair(certFile, keyFile)
+	case certFile != "" || keyFile != "":
+		return tls.Certificate{}, errors.New("give both --tls-cert-file and --tls-private-key-file, or neither")
+	}
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey(host, nil, nil)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("self-signed certificate: %w", err)
+	}
+	return tls.X509KeyPair(certPEM, keyPEM)
+}
+
+// Serve serves handler over TLS with cert on ln until ctx ends.
+func Serve(ctx context.Context, ln net.Listener, cert tls.Certificate, handler http.Handler) error {
+	server := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+	}
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownPeriod)
+		defer cancel()
+		_ = server.Shutdown(shutdownCtx)
+	}()
+	err := server.ServeTLS(ln, "", "")
+	if errors.Is(err, http.ErrServerClosed) {
+		<-stopped
+		return nil
+	}
+	return err
+}
