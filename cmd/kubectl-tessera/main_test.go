@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	v1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/fleet"
+	"github.com/tessera-gpu/tessera/node-agent/serving"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -84,6 +86,9 @@ func runMain(m *testing.M) (int, error) {
 	}
 	defer sched.Stop()
 	if err := placePods(ctx, cp); err != nil {
+		return 1, err
+	}
+	if err := addTopUsers(ctx, cp); err != nil {
 		return 1, err
 	}
 	return m.Run(), nil
@@ -176,6 +181,44 @@ func placePods(ctx context.Context, cp *cluster.ControlPlane) error {
 	return err
 }
 
+// The users top runs as: both may list pods everywhere; only topUser is
+// bound to the shipped Role tessera-top.
+const (
+	topUser    = "gpu-operator"
+	viewerUser = "gpu-viewer"
+)
+
+// addTopUsers grants topUser and viewerUser their rights; the control plane
+// has the shipped tessera-metrics-reader ServiceAccount and the Role
+// tessera-top installed.
+func addTopUsers(ctx context.Context, cp *cluster.ControlPlane) error {
+	rbac := cp.Client.RbacV1()
+	listPods := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "list-pods"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}}},
+	}
+	if _, err := rbac.ClusterRoles().Create(ctx, listPods, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	for _, user := range []string{topUser, viewerUser} {
+		binding := &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "list-pods-" + user},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: listPods.Name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+		}
+		if _, err := rbac.ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	}
+	top := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Namespace: fleet.AgentNamespace, Name: "top-" + topUser},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "tessera-top"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: topUser}},
+	}
+	_, err := rbac.RoleBindings(fleet.AgentNamespace).Create(ctx, top, metav1.CreateOptions{})
+	return err
+}
+
 // result is what a command printed and returned, as a golden file holds it.
 func result(stdout, stderr string, err error) string {
 	s := stdout
@@ -254,7 +297,8 @@ func TestCommands(t *testing.T) {
 }
 
 // TestTop runs top first with no node agent pods, then with an agent pod on
-// a100-node whose metrics endpoint the API server's pod proxy reaches.
+// a100-node whose metrics endpoint the API server's pod proxy reaches: as a
+// user bound to the shipped Role tessera-top, and as one who is not.
 func TestTop(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -275,8 +319,9 @@ func TestTop(t *testing.T) {
 tessera_agent_container_memory_used_mib{node="a100-node",namespace="default",pod="infer-0",container="main",card="1"} 5120
 tessera_agent_container_memory_used_mib{node="a100-node",namespace="default",pod="train",container="main",card="0"} 70000.4
 `)
-		checkGolden(t, "top-agent", result(kubectlTessera(t, "top", "-A")))
-		stdout, stderr, err := kubectlTessera(t, "top", "-o", "json")
+		checkGolden(t, "top-agent", result(kubectlTessera(t, "top", "-A", "--as", topUser)))
+		checkGolden(t, "top-agent-no-token", result(kubectlTessera(t, "top", "-A", "--as", viewerUser)))
+		stdout, stderr, err := kubectlTessera(t, "top", "-o", "json", "--as", topUser)
 		if err != nil {
 			t.Fatalf("top -o json: %v\n%s", err, stderr)
 		}
@@ -296,8 +341,9 @@ tessera_agent_container_memory_used_mib{node="a100-node",namespace="default",pod
 	})
 }
 
-// serveAgentMetrics serves metrics on port 9402 of a global unicast address
-// of this machine (the API server's pod proxy refuses loopback) and creates a
+// serveAgentMetrics serves metrics as the node agent does — HTTPS, callers
+// reviewed by the API server — on port 9402 of a global unicast address of
+// this machine (the API server's pod proxy refuses loopback), and creates a
 // running node agent pod on node with that address. It skips the test when
 // the machine has no such address or the port is taken.
 func serveAgentMetrics(t *testing.T, node, metrics string) {
@@ -310,17 +356,32 @@ func serveAgentMetrics(t *testing.T, node, metrics string) {
 	if err != nil {
 		t.Skipf("cannot serve the agent's metrics: %v", err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/metrics" {
-			http.NotFound(w, r)
-			return
+	guard, err := serving.NewGuard(env.cp.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := serving.Certificate("", "", node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		served <- serving.Serve(ctx, l, cert, guard.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/metrics" {
+				http.NotFound(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			fmt.Fprint(w, metrics)
+		})))
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("serving the agent's metrics: %v", err)
 		}
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		fmt.Fprint(w, metrics)
-	})}
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	ctx := context.Background()
+	})
 	pods := env.cp.Client.CoreV1().Pods(fleet.AgentNamespace)
 	agent := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "tessera-node-agent-" + node, Labels: map[string]string{"app.kubernetes.io/name": "tessera-node-agent"}},
@@ -330,7 +391,7 @@ func serveAgentMetrics(t *testing.T, node, metrics string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = pods.Delete(ctx, agent.Name, *metav1.NewDeleteOptions(0)) })
+	t.Cleanup(func() { _ = pods.Delete(context.Background(), agent.Name, *metav1.NewDeleteOptions(0)) })
 	agent.Status = v1.PodStatus{Phase: v1.PodRunning, PodIP: ip, PodIPs: []v1.PodIP{{IP: ip}}}
 	if _, err := pods.UpdateStatus(ctx, agent, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

@@ -9,19 +9,28 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/fleet"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// The node agents' metrics endpoint, reached through the API server's pod
-// proxy.
+// The node agents' metrics endpoint, reached over HTTPS through the API
+// server's pod proxy, and the identity top reads it as.
 const (
 	agentSelector    = "app.kubernetes.io/name=tessera-node-agent"
 	agentMetricsPort = "9402"
 	memoryUsedMetric = "tessera_agent_container_memory_used_mib"
+	// metricsReader is the ServiceAccount, in the agents' namespace, whose
+	// short-lived token top presents to the agents: the pod proxy forwards
+	// no credentials of the caller's.
+	metricsReader = "tessera-metrics-reader"
+	// tokenLifetime is the shortest a TokenRequest may ask for.
+	tokenLifetime = 10 * time.Minute
 	// scrapeTimeout bounds each agent's scrape.
 	scrapeTimeout = 5 * time.Second
 )
@@ -70,6 +79,13 @@ func scrapeAgents(ctx context.Context, client kubernetes.Interface, nodes map[st
 		m.unavailable = append(m.unavailable, fmt.Sprintf("no node agent pods (%s) in namespace %s", agentSelector, fleet.AgentNamespace))
 		return m
 	}
+	token, err := client.CoreV1().ServiceAccounts(fleet.AgentNamespace).CreateToken(ctx, metricsReader, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(tokenLifetime.Seconds()))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		m.unavailable = append(m.unavailable, fmt.Sprintf("requesting a token of ServiceAccount %s/%s to read the agents' metrics (bind the Role tessera-top): %v", fleet.AgentNamespace, metricsReader, err))
+		return m
+	}
 	byNode := map[string]*v1.Pod{}
 	for i := range agents.Items {
 		p := &agents.Items[i]
@@ -87,7 +103,7 @@ func scrapeAgents(ctx context.Context, client kubernetes.Interface, nodes map[st
 			m.unavailable = append(m.unavailable, fmt.Sprintf("node %s: agent pod %s is %s", node, agent.Name, agent.Status.Phase))
 			continue
 		}
-		if err := m.scrape(ctx, client, agent); err != nil {
+		if err := m.scrape(ctx, client, agent, token.Status.Token); err != nil {
 			m.unavailable = append(m.unavailable, fmt.Sprintf("node %s: agent pod %s: %v", node, agent.Name, err))
 			continue
 		}
@@ -96,11 +112,15 @@ func scrapeAgents(ctx context.Context, client kubernetes.Interface, nodes map[st
 	return m
 }
 
-// scrape reads one agent's metrics.
-func (m *memoryUsage) scrape(ctx context.Context, client kubernetes.Interface, agent *v1.Pod) error {
+// scrape reads one agent's metrics, presenting token.
+func (m *memoryUsage) scrape(ctx context.Context, client kubernetes.Interface, agent *v1.Pod, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, scrapeTimeout)
 	defer cancel()
-	raw, err := client.CoreV1().Pods(agent.Namespace).ProxyGet("", agent.Name, agentMetricsPort, "metrics", nil).DoRaw(ctx)
+	raw, err := client.CoreV1().RESTClient().Get().
+		Namespace(agent.Namespace).Resource("pods").Name("https:"+agent.Name+":"+agentMetricsPort).
+		SubResource("proxy").Suffix("metrics").
+		SetHeader(gpuinfo.AgentMetricsTokenHeader, "Bearer "+token).
+		DoRaw(ctx)
 	if err != nil {
 		return fmt.Errorf("fetching metrics on port %s: %w", agentMetricsPort, err)
 	}

@@ -23,19 +23,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/klog/v2"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 const (
 	// HealthPath answers 200 "ok" without authentication, for probes.
 	HealthPath = "/healthz"
-	// ForwardedTokenHeader carries a bearer token through the API server's
-	// pod proxy, which authenticates its caller by the Authorization header
-	// and removes it before forwarding (kubectl tessera top sends a token of
-	// the tessera-metrics-reader ServiceAccount here). It is read only when
-	// the request has no Authorization header, and is worth no more than the
-	// same token there.
-	ForwardedTokenHeader = "X-Tessera-Authorization"
-
 	// How long the API server's answers are kept: kube-scheduler's defaults.
 	tokenCacheTTL  = 10 * time.Second
 	allowCacheTTL  = 10 * time.Second
@@ -88,11 +82,11 @@ func (g *Guard) Handler(protected http.Handler) http.Handler {
 			return
 		}
 		if r.Header.Get("Authorization") == "" {
-			if forwarded := r.Header.Get(ForwardedTokenHeader); forwarded != "" {
+			if forwarded := r.Header.Get(gpuinfo.AgentMetricsTokenHeader); forwarded != "" {
 				r.Header.Set("Authorization", forwarded)
 			}
 		}
-		r.Header.Del(ForwardedTokenHeader)
+		r.Header.Del(gpuinfo.AgentMetricsTokenHeader)
 		resp, ok, err := g.authn.AuthenticateRequest(r)
 		if err != nil || !ok {
 			klog.FromContext(r.Context()).V(4).Info("Unauthenticated request", "path", r.URL.Path, "remote", r.RemoteAddr, "err", err)

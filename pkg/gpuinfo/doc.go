@@ -40,6 +40,13 @@ const (
 	AgentNotReadyAnnotation = Domain + "/agent-not-ready"
 	// MaxNotReadyReason bounds how much of that reason the scheduler repeats.
 	MaxNotReadyReason = 256
+	// AgentMetricsTokenHeader carries a bearer token to an agent's metrics
+	// port through the API server's pod proxy, which authenticates its caller
+	// by the Authorization header and removes it before forwarding (kubectl
+	// tessera top sends a token of the tessera-metrics-reader ServiceAccount
+	// here). The agent reads it only when the request has no Authorization
+	// header; it is worth no more than the same token there.
+	AgentMetricsTokenHeader = "X-Tessera-Authorization"
 
 	// FullCores is the compute share of a whole card, in percent. A container
 	// asking for FullCores holds its cards exclusively.

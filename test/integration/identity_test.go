@@ -191,8 +191,8 @@ func TestInstalledIdentities(t *testing.T) {
 		{agentPort, "/metrics", bearer("Authorization", "not-a-token"), http.StatusUnauthorized},
 		{agentPort, "/metrics", bearer("Authorization", tenantToken), http.StatusForbidden},
 		{agentPort, "/metrics", bearer("Authorization", promToken), http.StatusOK},
-		{agentPort, "/metrics", bearer(serving.ForwardedTokenHeader, promToken), http.StatusOK},
-		{agentPort, "/metrics", bearer(serving.ForwardedTokenHeader, tenantToken), http.StatusForbidden},
+		{agentPort, "/metrics", bearer(gpuinfo.AgentMetricsTokenHeader, promToken), http.StatusOK},
+		{agentPort, "/metrics", bearer(gpuinfo.AgentMetricsTokenHeader, tenantToken), http.StatusForbidden},
 	} {
 		if got := e.httpsGet(tc.port, tc.path, tc.header); got != tc.want {
 			t.Errorf("GET %s on port %d with %v: %d, want %d", tc.path, tc.port, slices.Collect(maps.Keys(tc.header)), got, tc.want)
