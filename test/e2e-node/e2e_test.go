@@ -4,6 +4,7 @@ package e2enode
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +26,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
+	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -322,22 +325,47 @@ func TestSharedCards(t *testing.T) {
 		checkInterception(t, what, r, r.region())
 	}
 	// The agent's endpoint reports each container's assignment.
-	resp, err := http.Get("http://" + agentMetricsAddress + "/metrics")
+	raw := scrapeAgent(tCtx)
+	for _, name := range []string{"critical", "batch"} {
+		card := cardsOf(tCtx, pods[name], "main")[0]
+		want := fmt.Sprintf(`tessera_agent_container_memory_assigned_mib{card="%d",container="main",namespace="%s",node="%s",pod="%s"} %d`, card.Index, ns, node, name, card.MemoryMiB)
+		if !strings.Contains(raw, want) {
+			t.Errorf("the agent's metrics lack %s", want)
+		}
+	}
+}
+
+// scrapeAgent reads the agent's metrics as Prometheus does: over HTTPS, with
+// a token of the shipped tessera-metrics-reader ServiceAccount, which the
+// agent reviews with the API server under its own identity.
+func scrapeAgent(tCtx ktesting.TContext) string {
+	tCtx.Helper()
+	token, err := suite.cp.Client.CoreV1().ServiceAccounts(manifests.Namespace).CreateToken(tCtx, "tessera-metrics-reader",
+		&authenticationv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
+		tCtx.Fatalf("a token of the metrics reader: %v", err)
+	}
+	req, err := http.NewRequestWithContext(tCtx, http.MethodGet, "https://"+agentMetricsAddress+"/metrics", nil)
+	if err != nil {
+		tCtx.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token.Status.Token)
+	// The agent's certificate is self-signed, as Prometheus's ServiceMonitor
+	// accepts it (insecureSkipVerify).
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the agent's self-signed certificate
+	resp, err := client.Do(req)
+	if err != nil {
+		tCtx.Fatal(err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		tCtx.Fatal(err)
 	}
-	for _, name := range []string{"critical", "batch"} {
-		card := cardsOf(tCtx, pods[name], "main")[0]
-		want := fmt.Sprintf(`tessera_agent_container_memory_assigned_mib{card="%d",container="main",namespace="%s",node="%s",pod="%s"} %d`, card.Index, ns, node, name, card.MemoryMiB)
-		if !strings.Contains(string(raw), want) {
-			t.Errorf("the agent's metrics lack %s", want)
-		}
+	if resp.StatusCode != http.StatusOK {
+		tCtx.Fatalf("the agent's metrics port answered %s: %s", resp.Status, raw)
 	}
+	return string(raw)
 }
 
 // TestWholeCards: a container holding whole cards sees exactly them, with no
