@@ -30,6 +30,7 @@ const (
 	PolicyGPUInventory          = "tessera-gpu-inventory"
 	PolicyAgentLeases           = "tessera-agent-leases"
 	PolicyDRASlices             = "tessera-dra-slices"
+	PolicyCDIAnnotations        = "tessera-cdi-annotations"
 )
 
 // WaitServed waits until the API server serves the GPUReservation resource
@@ -60,8 +61,9 @@ func DeniedBy(err error, policy string) bool {
 // WaitEnforced waits until every admission policy refuses what it exists to
 // refuse: the API server loads new policies asynchronously. Each probe is a
 // server-side dry run (nothing is stored): an administrator forging an
-// assignment, creating a GPU pod bound to a node, or hand-writing an
-// inventory, and an agent writing another node's Lease. names are the
+// assignment, creating a GPU pod bound to a node, hand-writing an inventory
+// or a slice of Tessera's driver, or annotating a pod with a CDI device, and
+// an agent writing another node's Lease. names are the
 // resource names the policies were rendered with.
 func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceNames, timeout time.Duration) error {
 	admin, err := kubernetes.NewForConfig(cfg)
@@ -90,6 +92,9 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 		Spec: resourceapi.ResourceSliceSpec{Driver: gpuinfo.DRADriver, NodeName: ptr.To("probe-node"),
 			Pool: resourceapi.ResourcePool{Name: "probe-node", ResourceSliceCount: 1}, Devices: []resourceapi.Device{{Name: "gpu-0"}}},
 	}
+	cdi := pod("tessera-probe-cdi")
+	cdi.Namespace = metav1.NamespaceDefault
+	cdi.Annotations = map[string]string{"cdi.k8s.io/probe": "nvidia.com/gpu=all"}
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + "another-node", Namespace: manifests.Namespace}}
 	probes := []struct {
 		policy string
@@ -113,6 +118,10 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 		}},
 		{PolicyDRASlices, func(ctx context.Context) error {
 			_, err := admin.ResourceV1().ResourceSlices().Create(ctx, slice, dryRun)
+			return err
+		}},
+		{PolicyCDIAnnotations, func(ctx context.Context) error {
+			_, err := admin.CoreV1().Pods(cdi.Namespace).Create(ctx, cdi, dryRun)
 			return err
 		}},
 	}

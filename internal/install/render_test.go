@@ -77,7 +77,7 @@ func TestBaseRenders(t *testing.T) {
 		"DeviceClass /gpu-share.tessera.io",
 		"DeviceClass /gpu.tessera.io",
 	}
-	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyDRASlices} {
+	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyDRASlices, PolicyCDIAnnotations} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
 	}
 	slices.Sort(got)

@@ -31,12 +31,16 @@ func TestCDIAnnotations(t *testing.T) {
 	ns := testNamespace(tCtx)
 	all := map[string]string{"cdi.k8s.io/tenant": "nvidia.com/gpu=all"}
 	plain := podSpec(ns, "annotated", "")
-	plain.Annotations = all
 	second := podSpec(ns, "reannotated", "")
-	second.Annotations = all
 	share := podSpec(ns, "sharer", "", container{name: "main", limits: map[string]int64{"tessera.io/gpu-memory": 4096}})
-	share.Annotations = all
 	pods := schedule(tCtx, plain, second, share)
+	// The admission policy tessera-cdi-annotations refuses the annotation
+	// (integration TestAdmissionPolicies); the node must hold without it, as
+	// for a pod admitted before the policy: kubelet hands the pod's
+	// annotations to the sandbox.
+	for _, p := range pods {
+		p.Annotations = all
+	}
 
 	// As kubelet passes it: with the sandbox only.
 	plainBox := runSandbox(tCtx, pods["annotated"], "")

@@ -157,6 +157,21 @@ func TestAdmissionPolicies(t *testing.T) {
 		return l
 	}
 
+	// Stored slices to delete: each node's of Tessera's driver (written as
+	// its agent) and one of another driver on node a.
+	stored := map[string]string{}
+	for _, s := range []struct {
+		client       kubernetes.Interface
+		driver, node string
+	}{{agentA, "tessera.io", nodeA}, {e.agentClient(nodeB), "tessera.io", nodeB}, {admin, "other.example.com", nodeA}} {
+		created, err := s.client.ResourceV1().ResourceSlices().Create(e.tCtx, slice(s.driver, s.node), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("creating a ResourceSlice of %s on %s: %v", s.driver, s.node, err)
+		}
+		stored[s.node+"/"+s.driver] = created.Name
+		t.Cleanup(func() { _ = admin.ResourceV1().ResourceSlices().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+	}
+
 	for _, tc := range []struct {
 		name, want string
 		do         func() error
@@ -199,6 +214,30 @@ func TestAdmissionPolicies(t *testing.T) {
 				ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Annotations: map[string]string{gpuinfo.AssignmentAnnotation: assigned}},
 				Target:     v1.ObjectReference{Kind: "Node", Name: nodeA},
 			}, metav1.CreateOptions{})
+		}},
+		{"a cluster admin binds a pod with an assignment through the legacy bindings resource", install.PolicyGPUAssignment, func() error {
+			return legacyBind(admin, e.ns, unbound.Name, nodeA, assigned)
+		}},
+		{"the scheduler binds a pod with its assignment through the legacy bindings resource", allowed, func() error {
+			return legacyBind(scheduler, e.ns, unbound.Name, nodeA, assigned)
+		}},
+		// CDI devices asked of the runtime.
+		{"a namespace user creates a pod annotated with every card as a CDI device", install.PolicyCDIAnnotations, func() error {
+			p := e.podSpec("cdi", "tessera-binpack", nil)
+			p.Annotations = map[string]string{"cdi.k8s.io/tenant": "nvidia.com/gpu=all"}
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, p, dry)
+			return err
+		}},
+		{"a namespace user annotates a bound pod with a CDI device", install.PolicyCDIAnnotations, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "annotations", map[string]any{"cdi.k8s.io/x": "nvidia.com/gpu=1"}), dryPatch)
+			return err
+		}},
+		{"a cluster admin creates a pod with a CDI annotation in Tessera's namespace", allowed, func() error {
+			p := e.podSpec("cdi", "", nil)
+			p.Namespace = manifests.Namespace
+			p.Annotations = map[string]string{"cdi.k8s.io/tessera-node-agent": "nvidia.com/gpu=all"}
+			_, err := admin.CoreV1().Pods(manifests.Namespace).Create(e.tCtx, p, dry)
+			return err
 		}},
 		// Bypassing the scheduler.
 		{"a cluster admin creates a GPU pod bound to a node", install.PolicyGPUPodsBoundByTessera, func() error {
@@ -294,6 +333,27 @@ func TestAdmissionPolicies(t *testing.T) {
 			_, err := unboundAgent.ResourceV1().ResourceSlices().Create(e.tCtx, slice("tessera.io", nodeA), dry)
 			return err
 		}},
+		{"an agent publishes a ResourceSlice on its node with another node's pool", install.PolicyDRASlices, func() error {
+			s := slice("tessera.io", nodeA)
+			s.Spec.Pool.Name = nodeB
+			_, err := agentA.ResourceV1().ResourceSlices().Create(e.tCtx, s, dry)
+			return err
+		}},
+		{"an agent deletes its node's ResourceSlice", allowed, func() error {
+			return agentA.ResourceV1().ResourceSlices().Delete(e.tCtx, stored[nodeA+"/tessera.io"], metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		}},
+		{"an agent deletes another node's ResourceSlice", install.PolicyDRASlices, func() error {
+			return agentA.ResourceV1().ResourceSlices().Delete(e.tCtx, stored[nodeB+"/tessera.io"], metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		}},
+		{"an agent deletes another driver's ResourceSlice on its node", install.PolicyDRASlices, func() error {
+			return agentA.ResourceV1().ResourceSlices().Delete(e.tCtx, stored[nodeA+"/other.example.com"], metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		}},
+		{"an agent deletes every ResourceSlice", install.PolicyDRASlices, func() error {
+			return agentA.ResourceV1().ResourceSlices().DeleteCollection(e.tCtx, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}, metav1.ListOptions{})
+		}},
+		{"a cluster admin deletes a node's ResourceSlice of Tessera's driver", allowed, func() error {
+			return admin.ResourceV1().ResourceSlices().Delete(e.tCtx, stored[nodeB+"/tessera.io"], metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		}},
 		{"a cluster admin writes a ResourceSlice of Tessera's driver", install.PolicyDRASlices, func() error {
 			_, err := admin.ResourceV1().ResourceSlices().Create(e.tCtx, slice("tessera.io", nodeA), dry)
 			return err
@@ -385,4 +445,16 @@ func TestWorkloadsMeetPodSecurity(t *testing.T) {
 			}
 		})
 	}
+}
+
+// legacyBind binds the pod to node through the legacy bindings resource
+// (POST /api/v1/namespaces/NS/bindings), as a dry run, with the assignment
+// annotation the binding copies onto the pod.
+func legacyBind(client kubernetes.Interface, ns, pod, node, assignment string) error {
+	binding := &v1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: pod, Annotations: map[string]string{gpuinfo.AssignmentAnnotation: assignment}},
+		Target:     v1.ObjectReference{Kind: "Node", Name: node},
+	}
+	return client.CoreV1().RESTClient().Post().Namespace(ns).Resource("bindings").
+		Param("dryRun", metav1.DryRunAll).Body(binding).Do(context.Background()).Error()
 }
