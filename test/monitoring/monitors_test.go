@@ -14,7 +14,7 @@ import (
 var (
 	agentDaemonSetPath  = filepath.Join(repoRoot, "manifests", "base", "node-agent", "daemonset.yaml")
 	schedulerDeployPath = filepath.Join(repoRoot, "manifests", "base", "scheduler", "deployment.yaml")
-	schedulerRBACPath   = filepath.Join(repoRoot, "manifests", "base", "scheduler", "rbac.yaml")
+	metricsReaderPath   = filepath.Join(repoRoot, "manifests", "base", "metrics-reader.yaml")
 )
 
 // decodeStrict decodes a manifest strictly into the operator's type.
@@ -131,7 +131,7 @@ func TestServiceMonitors(t *testing.T) {
 }
 
 // TestPrometheusBinding checks that the binding grants the ClusterRole the
-// scheduler's manifests define for reading /metrics.
+// base defines for reading /metrics.
 func TestPrometheusBinding(t *testing.T) {
 	path := filepath.Join(monitoringDir, "prometheus-binding.yaml")
 	objs := yamlObjects(t, path)
@@ -142,7 +142,7 @@ func TestPrometheusBinding(t *testing.T) {
 	if str(b, "roleRef", "kind") != "ClusterRole" || str(b, "roleRef", "name") != "tessera-metrics-reader" {
 		t.Errorf("%s: roleRef %v, want ClusterRole tessera-metrics-reader", path, field(b, "roleRef"))
 	}
-	role := findObject(t, schedulerRBACPath, "ClusterRole", "tessera-metrics-reader")
+	role := findObject(t, metricsReaderPath, "ClusterRole", "tessera-metrics-reader")
 	grants := false
 	for _, r := range list(role, "rules") {
 		urls, verbs := fmt.Sprint(field(r, "nonResourceURLs")), fmt.Sprint(field(r, "verbs"))
@@ -151,7 +151,7 @@ func TestPrometheusBinding(t *testing.T) {
 		}
 	}
 	if !grants {
-		t.Errorf("%s: ClusterRole tessera-metrics-reader does not grant get on /metrics", schedulerRBACPath)
+		t.Errorf("%s: ClusterRole tessera-metrics-reader does not grant get on /metrics", metricsReaderPath)
 	}
 	subjects := list(b, "subjects")
 	if len(subjects) == 0 {
