@@ -31,4 +31,9 @@ const (
 	SchedulerConfigMap = "tessera-scheduler-config"
 	// SchedulerConfigKey is the ConfigMap's key holding the configuration.
 	SchedulerConfigKey = "scheduler-config.yaml"
+	// HighPriorityLabel, set to HighPriorityAllowed on a namespace by the
+	// operator, lets its pods and claims take high priority (the admission
+	// policy tessera-high-priority).
+	HighPriorityLabel   = "tessera.io/high-priority"
+	HighPriorityAllowed = "allowed"
 )

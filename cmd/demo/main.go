@@ -25,6 +25,7 @@ import (
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
@@ -32,6 +33,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/manifests"
 )
 
 // options are the demo's flags.
@@ -128,6 +130,14 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	defer func() { stopKubelet(); <-kubeletDone }()
 	fmt.Fprintln(out, "Scheduler running as its ServiceAccount, with profiles tessera-binpack, tessera-spread and tessera-fragmentation-aware.")
 
+	// As an operator would: the examples' critical pod takes tessera-critical,
+	// which the admission policy tessera-high-priority allows only in
+	// namespaces so labelled.
+	allow := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, manifests.HighPriorityLabel, manifests.HighPriorityAllowed)
+	if _, err := client.CoreV1().Namespaces().Patch(ctx, metav1.NamespaceDefault, types.MergePatchType, []byte(allow), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("labelling namespace %s for high priority: %w", metav1.NamespaceDefault, err)
+	}
+	fmt.Fprintf(out, "Namespace %s labelled %s=%s: its pods may take tessera-critical.\n", metav1.NamespaceDefault, manifests.HighPriorityLabel, manifests.HighPriorityAllowed)
 	names, err := submitExamples(ctx, client, o.examples)
 	if err != nil {
 		return err

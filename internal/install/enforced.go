@@ -31,6 +31,7 @@ const (
 	PolicyAgentLeases           = "tessera-agent-leases"
 	PolicyDRASlices             = "tessera-dra-slices"
 	PolicyCDIAnnotations        = "tessera-cdi-annotations"
+	PolicyHighPriority          = "tessera-high-priority"
 )
 
 // WaitServed waits until the API server serves the GPUReservation resource
@@ -62,8 +63,9 @@ func DeniedBy(err error, policy string) bool {
 // refuse: the API server loads new policies asynchronously. Each probe is a
 // server-side dry run (nothing is stored): an administrator forging an
 // assignment, creating a GPU pod bound to a node, hand-writing an inventory
-// or a slice of Tessera's driver, or annotating a pod with a CDI device, and
-// an agent writing another node's Lease. names are the
+// or a slice of Tessera's driver, annotating a pod with a CDI device or the
+// high task priority in a namespace not labelled for it, and an agent
+// writing another node's Lease. names are the
 // resource names the policies were rendered with.
 func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceNames, timeout time.Duration) error {
 	admin, err := kubernetes.NewForConfig(cfg)
@@ -95,6 +97,8 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 	cdi := pod("tessera-probe-cdi")
 	cdi.Namespace = metav1.NamespaceDefault
 	cdi.Annotations = map[string]string{"cdi.k8s.io/probe": "nvidia.com/gpu=all"}
+	highTask := pod("tessera-probe-high-task")
+	highTask.Annotations = map[string]string{gpuinfo.TaskPriorityAnnotation: string(gpuinfo.TaskPriorityHigh)}
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + "another-node", Namespace: manifests.Namespace}}
 	probes := []struct {
 		policy string
@@ -122,6 +126,10 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 		}},
 		{PolicyCDIAnnotations, func(ctx context.Context) error {
 			_, err := admin.CoreV1().Pods(cdi.Namespace).Create(ctx, cdi, dryRun)
+			return err
+		}},
+		{PolicyHighPriority, func(ctx context.Context) error {
+			_, err := admin.CoreV1().Pods(highTask.Namespace).Create(ctx, highTask, dryRun)
 			return err
 		}},
 	}

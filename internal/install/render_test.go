@@ -77,7 +77,7 @@ func TestBaseRenders(t *testing.T) {
 		"DeviceClass /gpu-share.tessera.io",
 		"DeviceClass /gpu.tessera.io",
 	}
-	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyDRASlices, PolicyCDIAnnotations} {
+	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
 	}
 	slices.Sort(got)

@@ -73,7 +73,11 @@ func podSpec(ns, name string, class string, containers ...container) *v1.Pod {
 
 // testNamespace creates a namespace for the test, removed when it ends.
 func testNamespace(tCtx ktesting.TContext) string {
-	ns, err := suite.cp.Client.CoreV1().Namespaces().Create(tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "e2e-"}}, metav1.CreateOptions{})
+	// Labelled as an operator would, so that its pods may take
+	// tessera-critical (the admission policy tessera-high-priority).
+	ns, err := suite.cp.Client.CoreV1().Namespaces().Create(tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		GenerateName: "e2e-", Labels: map[string]string{manifests.HighPriorityLabel: manifests.HighPriorityAllowed},
+	}}, metav1.CreateOptions{})
 	if err != nil {
 		tCtx.Fatal(err)
 	}

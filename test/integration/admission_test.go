@@ -13,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,29 +74,40 @@ func TestAdmissionPolicies(t *testing.T) {
 	assigned := bound.Annotations[gpuinfo.AssignmentAnnotation]
 
 	admin := e.client
-	// alice may create and edit pods in the test's namespace, as a team's
-	// members do. (The aggregated roles admin and edit are empty here: no
-	// controller manager fills them.)
-	if _, err := admin.RbacV1().Roles(e.ns).Create(e.tCtx, &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "pod-editor"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}}},
-	}, metav1.CreateOptions{}); err != nil {
+	// alice may create and edit pods and resource claims in the test's
+	// namespace, and in another that the operator labelled for high
+	// priority, as a team's members do. (The aggregated roles admin and edit
+	// are empty here: no controller manager fills them.)
+	prioritized, err := admin.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: e.ns + "-prioritized", Labels: map[string]string{manifests.HighPriorityLabel: manifests.HighPriorityAllowed},
+	}}, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.RbacV1().RoleBindings(e.ns).Create(e.tCtx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "alice-pod-editor"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pod-editor"},
-		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "alice"}},
-	}, metav1.CreateOptions{}); err != nil {
+	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), prioritized.Name, metav1.DeleteOptions{}) })
+	for _, ns := range []string{e.ns, prioritized.Name} {
+		e.grantEditor(ns, "alice")
+	}
+	// A class an operator made, above the agent's high-task-priority
+	// threshold (100000).
+	const aboveThreshold = "tessera-test-production"
+	if _, err := admin.SchedulingV1().PriorityClasses().Create(e.tCtx, &schedulingv1.PriorityClass{
+		ObjectMeta: metav1.ObjectMeta{Name: aboveThreshold}, Value: 200000,
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	e.waitFor(30*time.Second, "alice's role binding to take effect", func() (bool, error) {
-		review, err := admin.AuthorizationV1().SubjectAccessReviews().Create(e.tCtx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User:               "alice",
-			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: e.ns, Verb: "patch", Resource: "pods"},
-		}}, metav1.CreateOptions{})
-		return err == nil && review.Status.Allowed, err
+	e.waitFor(30*time.Second, "the API server's Priority admission to know "+aboveThreshold, func() (bool, error) {
+		p := e.podSpec("probe", "", nil)
+		p.Spec.PriorityClassName = aboveThreshold
+		_, err := admin.CoreV1().Pods(e.ns).Create(e.tCtx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err == nil, nil
 	})
+	taskPriorityPod := func(ns, priority, class string) *v1.Pod {
+		p := e.podSpec("task-priority", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 1024})
+		p.Namespace, p.Spec.PriorityClassName = ns, class
+		p.Annotations = map[string]string{gpuinfo.TaskPriorityAnnotation: priority}
+		return p
+	}
 	alice := clientAs(t, "alice")
 	kubelet := clientAs(t, "system:node:"+bound.Spec.NodeName, "system:nodes")
 	agentA := e.agentClient(nodeA)
@@ -220,6 +232,61 @@ func TestAdmissionPolicies(t *testing.T) {
 		}},
 		{"the scheduler binds a pod with its assignment through the legacy bindings resource", allowed, func() error {
 			return legacyBind(scheduler, e.ns, unbound.Name, nodeA, assigned)
+		}},
+		// High priority.
+		{"a namespace user creates a tessera-critical pod", install.PolicyHighPriority, func() error {
+			p := e.podSpec("critical", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1})
+			p.Spec.PriorityClassName = "tessera-critical"
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, p, dry)
+			return err
+		}},
+		{"a namespace user creates a tessera-critical pod in a namespace the operator labelled", allowed, func() error {
+			p := e.podSpec("critical", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1})
+			p.Namespace, p.Spec.PriorityClassName = prioritized.Name, "tessera-critical"
+			_, err := alice.CoreV1().Pods(prioritized.Name).Create(e.tCtx, p, dry)
+			return err
+		}},
+		{"a namespace user creates a pod with the high task priority", install.PolicyHighPriority, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, taskPriorityPod(e.ns, "high", ""), dry)
+			return err
+		}},
+		{"a namespace user creates a pod with the low task priority", allowed, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, taskPriorityPod(e.ns, "low", ""), dry)
+			return err
+		}},
+		{"a namespace user gives a bound pod the high task priority", install.PolicyHighPriority, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.TaskPriorityAnnotation: "high"}), dryPatch)
+			return err
+		}},
+		{"a namespace user creates a pod with the high task priority in a namespace the operator labelled", allowed, func() error {
+			_, err := alice.CoreV1().Pods(prioritized.Name).Create(e.tCtx, taskPriorityPod(prioritized.Name, "high", ""), dry)
+			return err
+		}},
+		{"a namespace user creates a pod with the high task priority and a priority class above the threshold", allowed, func() error {
+			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, taskPriorityPod(e.ns, "high", aboveThreshold), dry)
+			return err
+		}},
+		{"a namespace user creates a claim with the high task priority", install.PolicyHighPriority, func() error {
+			_, err := alice.ResourceV1().ResourceClaims(e.ns).Create(e.tCtx, taskPriorityClaim(t, e.ns, "taskPriority", "high"), dry)
+			return err
+		}},
+		{"a namespace user creates a claim with the high task priority under a key of another case", install.PolicyHighPriority, func() error {
+			_, err := alice.ResourceV1().ResourceClaims(e.ns).Create(e.tCtx, taskPriorityClaim(t, e.ns, "TaskPriority", "high"), dry)
+			return err
+		}},
+		{"a namespace user creates a claim template with the high task priority", install.PolicyHighPriority, func() error {
+			claim := taskPriorityClaim(t, e.ns, "taskPriority", "high")
+			template := &resourceapi.ResourceClaimTemplate{ObjectMeta: claim.ObjectMeta, Spec: resourceapi.ResourceClaimTemplateSpec{Spec: claim.Spec}}
+			_, err := alice.ResourceV1().ResourceClaimTemplates(e.ns).Create(e.tCtx, template, dry)
+			return err
+		}},
+		{"a namespace user creates a claim with the low task priority", allowed, func() error {
+			_, err := alice.ResourceV1().ResourceClaims(e.ns).Create(e.tCtx, taskPriorityClaim(t, e.ns, "taskPriority", "low"), dry)
+			return err
+		}},
+		{"a namespace user creates a claim with the high task priority in a namespace the operator labelled", allowed, func() error {
+			_, err := alice.ResourceV1().ResourceClaims(prioritized.Name).Create(e.tCtx, taskPriorityClaim(t, prioritized.Name, "taskPriority", "high"), dry)
+			return err
 		}},
 		// CDI devices asked of the runtime.
 		{"a namespace user creates a pod annotated with every card as a CDI device", install.PolicyCDIAnnotations, func() error {
@@ -457,4 +524,54 @@ func legacyBind(client kubernetes.Interface, ns, pod, node, assignment string) e
 	}
 	return client.CoreV1().RESTClient().Post().Namespace(ns).Resource("bindings").
 		Param("dryRun", metav1.DryRunAll).Body(binding).Do(context.Background()).Error()
+}
+
+// grantEditor lets user create and edit pods, resource claims and claim
+// templates in ns, and waits until the API server's authorizer agrees.
+func (e *env) grantEditor(ns, user string) {
+	e.tCtx.Helper()
+	rbac := e.client.RbacV1()
+	if _, err := rbac.Roles(ns).Create(e.tCtx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "editor"},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+			{APIGroups: []string{"resource.k8s.io"}, Resources: []string{"resourceclaims", "resourceclaimtemplates"}, Verbs: []string{"get", "list", "create", "update", "patch", "delete"}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		e.tCtx.Fatal(err)
+	}
+	if _, err := rbac.RoleBindings(ns).Create(e.tCtx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user + "-editor"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "editor"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	}, metav1.CreateOptions{}); err != nil {
+		e.tCtx.Fatal(err)
+	}
+	e.waitFor(30*time.Second, user+"'s role binding in "+ns+" to take effect", func() (bool, error) {
+		review, err := e.client.AuthorizationV1().SubjectAccessReviews().Create(e.tCtx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               user,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: "create", Group: "resource.k8s.io", Resource: "resourceclaims"},
+		}}, metav1.CreateOptions{})
+		return err == nil && review.Status.Allowed, err
+	})
+}
+
+// taskPriorityClaim is a ResourceClaim asking for one card of Tessera's
+// device class, with opaque parameters of Tessera's driver whose task
+// priority is set under key.
+func taskPriorityClaim(t *testing.T, ns, key, priority string) *resourceapi.ResourceClaim {
+	t.Helper()
+	raw, err := json.Marshal(map[string]string{"apiVersion": gpuinfo.DRAParametersAPIVersion, "kind": gpuinfo.DRAParametersKind, key: priority})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, GenerateName: "claim-"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu-share.tessera.io"}}},
+			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{
+				Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: gpuinfo.DRADriver, Parameters: runtime.RawExtension{Raw: raw}},
+			}}},
+		}},
+	}
 }
