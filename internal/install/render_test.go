@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -322,5 +323,46 @@ func TestDRAOverlay(t *testing.T) {
 	}
 	if base, overlay := len(render(t, Base)), len(render(t, "overlays/dra")); base != overlay {
 		t.Errorf("the overlay renders %d objects, the base %d", overlay, base)
+	}
+}
+
+// TestPoliciesFollowTheNamespace: no admission policy names Tessera's
+// namespace itself. A policy that needs it (to know the scheduler's and the
+// agent's ServiceAccounts) takes the Namespace as its parameter, and its
+// binding names the Namespace the base creates, so that an install into
+// another namespace changes the bindings alone.
+func TestPoliciesFollowTheNamespace(t *testing.T) {
+	for _, dir := range []string{Base, "overlays/hami-names", "overlays/dra"} {
+		t.Run(dir, func(t *testing.T) {
+			objs := render(t, dir)
+			namespace := find(t, objs, "Namespace", manifests.Namespace).GetName()
+			policies := 0
+			for _, o := range objs {
+				if o.GetKind() != "ValidatingAdmissionPolicy" {
+					continue
+				}
+				policies++
+				spec, err := yaml.Marshal(o.Object["spec"])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(string(spec), namespace) {
+					t.Errorf("policy %s names namespace %s: take it from params", o.GetName(), namespace)
+				}
+				usesParams := strings.Contains(string(spec), "params.")
+				kind, _, _ := unstructured.NestedString(o.Object, "spec", "paramKind", "kind")
+				if usesParams != (kind == "Namespace") {
+					t.Errorf("policy %s: reads params %t, paramKind %q: want Namespace exactly when it reads them", o.GetName(), usesParams, kind)
+				}
+				binding := find(t, objs, "ValidatingAdmissionPolicyBinding", o.GetName())
+				ref, _, _ := unstructured.NestedString(binding.Object, "spec", "paramRef", "name")
+				if want := map[bool]string{true: namespace}[usesParams]; ref != want {
+					t.Errorf("binding %s: paramRef.name %q, want %q", binding.GetName(), ref, want)
+				}
+			}
+			if policies == 0 {
+				t.Fatal("no admission policies rendered")
+			}
+		})
 	}
 }

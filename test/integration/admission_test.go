@@ -193,6 +193,11 @@ func TestAdmissionPolicies(t *testing.T) {
 			_, err := alice.CoreV1().Pods(e.ns).Create(e.tCtx, forged, dry)
 			return err
 		}},
+		{"a ServiceAccount named like the scheduler's, in a tenant's namespace, creates a pod with an assignment", install.PolicyGPUAssignment, func() error {
+			impostor := clientAs(t, "system:serviceaccount:"+e.ns+":"+manifests.SchedulerServiceAccount, "system:serviceaccounts", "system:serviceaccounts:"+e.ns, "system:masters")
+			_, err := impostor.CoreV1().Pods(e.ns).Create(e.tCtx, forged, dry)
+			return err
+		}},
 		{"a cluster admin creates a pod with an assignment", install.PolicyGPUAssignment, func() error {
 			_, err := admin.CoreV1().Pods(e.ns).Create(e.tCtx, forged, dry)
 			return err
