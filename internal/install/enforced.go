@@ -54,9 +54,15 @@ func WaitServed(ctx context.Context, cfg *rest.Config, timeout time.Duration) er
 }
 
 // DeniedBy reports whether err is the API server's refusal by the named
-// admission policy.
+// admission policy, by one of its validations: not an expression that
+// failed to evaluate (which a failurePolicy of Fail also turns into a
+// refusal).
 func DeniedBy(err error, policy string) bool {
-	return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policy+"'")
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "ValidatingAdmissionPolicy '"+policy+"'") && !strings.Contains(msg, "resulted in error")
 }
 
 // WaitEnforced waits until every admission policy refuses what it exists to

@@ -233,10 +233,22 @@ func TestAdmissionPolicies(t *testing.T) {
 			}, metav1.CreateOptions{})
 		}},
 		{"a cluster admin binds a pod with an assignment through the legacy bindings resource", install.PolicyGPUAssignment, func() error {
-			return legacyBind(admin, e.ns, unbound.Name, nodeA, assigned)
+			return legacyBind(admin, e.ns, unbound.Name, nodeA, map[string]string{gpuinfo.AssignmentAnnotation: assigned})
 		}},
 		{"the scheduler binds a pod with its assignment through the legacy bindings resource", allowed, func() error {
-			return legacyBind(scheduler, e.ns, unbound.Name, nodeA, assigned)
+			return legacyBind(scheduler, e.ns, unbound.Name, nodeA, map[string]string{gpuinfo.AssignmentAnnotation: assigned})
+		}},
+		{"the scheduler binds a pod with a CDI annotation through the legacy bindings resource", install.PolicyCDIAnnotations, func() error {
+			return legacyBind(scheduler, e.ns, unbound.Name, nodeA, map[string]string{gpuinfo.AssignmentAnnotation: assigned, "cdi.k8s.io/x": "nvidia.com/gpu=all"})
+		}},
+		{"the scheduler binds a pod with the high task priority through the legacy bindings resource", install.PolicyHighPriority, func() error {
+			return legacyBind(scheduler, e.ns, unbound.Name, nodeA, map[string]string{gpuinfo.AssignmentAnnotation: assigned, gpuinfo.TaskPriorityAnnotation: "high"})
+		}},
+		{"a cluster admin binds a pod with a CDI annotation through pods/binding", install.PolicyCDIAnnotations, func() error {
+			return admin.CoreV1().Pods(e.ns).Bind(e.tCtx, &v1.Binding{
+				ObjectMeta: metav1.ObjectMeta{Name: unbound.Name, Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=all"}},
+				Target:     v1.ObjectReference{Kind: "Node", Name: nodeA},
+			}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		}},
 		// High priority.
 		{"a namespace user creates a tessera-critical pod", install.PolicyHighPriority, func() error {
@@ -520,11 +532,11 @@ func TestWorkloadsMeetPodSecurity(t *testing.T) {
 }
 
 // legacyBind binds the pod to node through the legacy bindings resource
-// (POST /api/v1/namespaces/NS/bindings), as a dry run, with the assignment
-// annotation the binding copies onto the pod.
-func legacyBind(client kubernetes.Interface, ns, pod, node, assignment string) error {
+// (POST /api/v1/namespaces/NS/bindings), as a dry run, with annotations the
+// binding copies onto the pod.
+func legacyBind(client kubernetes.Interface, ns, pod, node string, annotations map[string]string) error {
 	binding := &v1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: pod, Annotations: map[string]string{gpuinfo.AssignmentAnnotation: assignment}},
+		ObjectMeta: metav1.ObjectMeta{Name: pod, Annotations: annotations},
 		Target:     v1.ObjectReference{Kind: "Node", Name: node},
 	}
 	return client.CoreV1().RESTClient().Post().Namespace(ns).Resource("bindings").
