@@ -5,6 +5,7 @@ package e2enode
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -39,7 +40,10 @@ func TestCDIAnnotations(t *testing.T) {
 	// for a pod admitted before the policy: kubelet hands the pod's
 	// annotations to the sandbox.
 	for _, p := range pods {
-		p.Annotations = all
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		maps.Copy(p.Annotations, all)
 	}
 
 	// As kubelet passes it: with the sandbox only.
