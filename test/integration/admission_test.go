@@ -84,7 +84,9 @@ func TestAdmissionPolicies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), prioritized.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = admin.CoreV1().Namespaces().Delete(context.Background(), prioritized.Name, metav1.DeleteOptions{})
+	})
 	for _, ns := range []string{e.ns, prioritized.Name} {
 		e.grantEditor(ns, "alice")
 	}
@@ -181,7 +183,9 @@ func TestAdmissionPolicies(t *testing.T) {
 			t.Fatalf("creating a ResourceSlice of %s on %s: %v", s.driver, s.node, err)
 		}
 		stored[s.node+"/"+s.driver] = created.Name
-		t.Cleanup(func() { _ = admin.ResourceV1().ResourceSlices().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+		t.Cleanup(func() {
+			_ = admin.ResourceV1().ResourceSlices().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+		})
 	}
 
 	for _, tc := range []struct {
