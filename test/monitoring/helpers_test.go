@@ -25,10 +25,11 @@ var (
 
 // upstreamMetrics are the metrics the rules and the dashboard may name that
 // Tessera does not export itself: kube-scheduler's (the scheduler is
-// kube-scheduler with Tessera's plugin), each of which docs/observability.md
-// mentions by name.
+// kube-scheduler with Tessera's plugin) and Prometheus' own, each of which
+// docs/observability.md mentions by name.
 var upstreamMetrics = []string{
 	"leader_election_master_status", // client-go's leader election, 1 on the leader
+	"up",                            // Prometheus' own: 1 when a target's scrape succeeds
 }
 
 // readFile returns the file's content, failing the test when it cannot.

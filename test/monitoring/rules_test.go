@@ -97,6 +97,11 @@ func TestAlerts(t *testing.T) {
 				if !fleetWide[r.Alert] && !strings.Contains(r.Annotations["summary"]+r.Annotations["description"], "$labels") {
 					t.Errorf("summary and description use no $labels: the notification would not say which node, card or pod")
 				}
+				// absent() of anything but a bare selector has no labels:
+				// $labels would print empty.
+				if strings.Contains(r.Expr.StrVal, "absent(") && strings.Contains(r.Annotations["summary"]+r.Annotations["description"], "$labels") {
+					t.Errorf("summary or description uses $labels, which absent() leaves empty")
+				}
 				u, err := url.Parse(r.Annotations["runbook_url"])
 				if err != nil {
 					t.Fatalf("runbook_url %q: %v", r.Annotations["runbook_url"], err)
@@ -133,4 +138,4 @@ func TestAlerts(t *testing.T) {
 
 // fleetWide are the alerts about the whole fleet, whose notifications name
 // no node, card or pod.
-var fleetWide = map[string]bool{"TesseraGPUFragmentationHigh": true}
+var fleetWide = map[string]bool{"TesseraGPUFragmentationHigh": true, "TesseraSchedulerNoLeader": true}
