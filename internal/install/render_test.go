@@ -101,8 +101,10 @@ func TestBaseRenders(t *testing.T) {
 		for _, v := range spec.Volumes {
 			mounted = mounted || (v.ConfigMap != nil && v.ConfigMap.Name == cm.GetName())
 		}
-		if !mounted {
-			t.Errorf("%s %s does not mount the generated ConfigMap %s", kind, name, cm.GetName())
+		// The agents must not roll when the scheduler's configuration
+		// changes: they take only the resource names, as a flag.
+		if want := kind == "Deployment"; mounted != want {
+			t.Errorf("%s %s mounts the generated ConfigMap %s: %t, want %t", kind, name, cm.GetName(), mounted, want)
 		}
 		if img := spec.Containers[0].Image; !regexp.MustCompile(`^ghcr\.io/tessera-gpu/tessera-[a-z-]+:v\d`).MatchString(img) {
 			t.Errorf("%s %s runs image %q, not a released one", kind, name, img)
@@ -144,6 +146,23 @@ func policyResourceNames(t *testing.T, objs []*unstructured.Unstructured) []stri
 	return nil
 }
 
+// agentResourceNames are the names the rendered DaemonSet gives the node
+// agent (--resource-names).
+func agentResourceNames(t *testing.T, objs []*unstructured.Unstructured) gpuinfo.ResourceNames {
+	t.Helper()
+	for _, arg := range podSpec(t, find(t, objs, "DaemonSet", "tessera-node-agent")).Containers[0].Args {
+		if text, ok := strings.CutPrefix(arg, "--resource-names="); ok {
+			names, err := configv1.ParseResourceNames(text)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return names
+		}
+	}
+	t.Fatal("the node agent has no --resource-names")
+	return gpuinfo.ResourceNames{}
+}
+
 func list(n gpuinfo.ResourceNames) []string {
 	return []string{string(n.GPU), string(n.Memory), string(n.MemoryPercent), string(n.Cores)}
 }
@@ -171,6 +190,9 @@ func TestResourceNamesAgree(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.want, names); diff != "" {
 				t.Errorf("scheduler configuration's names (-want,+got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.want, agentResourceNames(t, objs)); diff != "" {
+				t.Errorf("node agent's names (-want,+got):\n%s", diff)
 			}
 			if diff := cmp.Diff(list(tc.want), policyResourceNames(t, objs)); diff != "" {
 				t.Errorf("admission policy's names (-want,+got):\n%s", diff)

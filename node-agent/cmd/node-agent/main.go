@@ -52,8 +52,8 @@ func main() {
 	heartbeat := flag.Duration("heartbeat-interval", 10*time.Second, "how often to renew the heartbeat Lease")
 	leaseDuration := flag.Duration("lease-duration", 40*time.Second, "lease duration written into the Lease")
 	pluginDir := flag.String("device-plugin-dir", "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory; empty disables the device plugin")
-	resourceName := flag.String("resource-name", "", "resource the device plugin advertises (default: the GPU resource of --scheduler-config, tessera.io/gpu)")
-	schedulerConfig := flag.String("scheduler-config", "", "the scheduler's KubeSchedulerConfiguration file: pods are read with the resource names its GPUShare args give (default: Tessera's names)")
+	resourceName := flag.String("resource-name", "", "resource the device plugin advertises (default: the gpu name of --resource-names)")
+	resourceNames := flag.String("resource-names", "", "the resource names pods ask for GPUs with, as the scheduler's GPUShare args give them: gpu=NAME,memory=NAME,memoryPercent=NAME,cores=NAME (default: Tessera's, gpu=tessera.io/gpu,memory=tessera.io/gpu-memory,memoryPercent=tessera.io/gpu-memory-percent,cores=tessera.io/gpu-cores)")
 	split := flag.Int("split-count", gpuinfo.DefaultSplitCount, "units of the GPU resource advertised to kubelet per card: kubelet admits pods asking for that resource against cards × this, and the scheduler counts the same (pods asking only memory or compute shares use none)")
 	nriSocket := flag.String("nri-socket", "/var/run/nri/nri.sock", "the container runtime's NRI socket; empty disables enforcement")
 	enforcement := enforce.DefaultConfig()
@@ -80,9 +80,9 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	names, err := resourceNames(*schedulerConfig)
+	names, err := configv1.ParseResourceNames(*resourceNames)
 	if err != nil {
-		klog.ErrorS(err, "Reading the resource names")
+		klog.ErrorS(err, "Bad --resource-names")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	if int(int32(*highTaskPriority)) != *highTaskPriority {
@@ -342,23 +342,6 @@ func serveMetrics(ctx context.Context, at endpoint, client kubernetes.Interface,
 		}
 	}()
 	return nil
-}
-
-// resourceNames are the names pods ask for GPUs with: those of the
-// scheduler's configuration file, or Tessera's without one.
-func resourceNames(schedulerConfig string) (gpuinfo.ResourceNames, error) {
-	if schedulerConfig == "" {
-		return gpuinfo.DefaultResourceNames(), nil
-	}
-	raw, err := os.ReadFile(schedulerConfig)
-	if err != nil {
-		return gpuinfo.ResourceNames{}, err
-	}
-	names, err := configv1.ResourceNamesIn(raw)
-	if err != nil {
-		return gpuinfo.ResourceNames{}, fmt.Errorf("%s: %w", schedulerConfig, err)
-	}
-	return names, nil
 }
 
 // unrestrictedAccounts parses --unrestricted-service-accounts; the agent's

@@ -1,63 +1,16 @@
 package main
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // This test binary links what the agent links. Had a dependency brought in
 // Go's plugin package, the binary would be built with immediate binding and
 // fail to start, here as on a node, because NVML's symbols are resolved only
 // once the driver's library is loaded.
-
-func TestResourceNames(t *testing.T) {
-	disagree := filepath.Join(t.TempDir(), "disagree.yaml")
-	if err := os.WriteFile(disagree, []byte(`apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-  - schedulerName: a
-  - schedulerName: b
-    pluginConfig:
-      - name: GPUShare
-        args:
-          resourceNames: {gpu: example.com/gpu}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		name, config string
-		want         gpuinfo.ResourceNames
-		wantErr      string
-	}{
-		{name: "no configuration", want: gpuinfo.DefaultResourceNames()},
-		{name: "the base's", config: "../../../manifests/base/scheduler/scheduler-config.yaml", want: gpuinfo.DefaultResourceNames()},
-		{name: "the hami-names overlay's", config: "../../../manifests/overlays/hami-names/scheduler-config.yaml", want: gpuinfo.HAMiResourceNames()},
-		{name: "profiles that disagree", config: disagree, wantErr: `profile "b" uses resource names`},
-		{name: "a missing file", config: "/nonexistent/config.yaml", wantErr: "no such file"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := resourceNames(tc.config)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("names (-want,+got):\n%s", diff)
-			}
-		})
-	}
-}
 
 // TestUnrestrictedAccounts: the agent's own account always, then the
 // flag's, each namespace:name.

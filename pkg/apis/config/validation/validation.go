@@ -26,17 +26,31 @@ func ValidateGPUShareArgs(path *field.Path, args *config.GPUShareArgs) error {
 			errs = append(errs, field.NotSupported(path.Child(p.name), p.value, policies))
 		}
 	}
-	namesPath := path.Child("resourceNames")
+	errs = append(errs, ValidateResourceNames(path.Child("resourceNames"), args.ResourceNames)...)
+	if args.AgentHeartbeatTimeout.Duration < 0 {
+		errs = append(errs, field.Invalid(path.Child("agentHeartbeatTimeout"), args.AgentHeartbeatTimeout.Duration.String(), "must not be negative (0s disables the check)"))
+	}
+	for _, msg := range utilvalidation.IsDNS1123Label(args.AgentNamespace) {
+		errs = append(errs, field.Invalid(path.Child("agentNamespace"), args.AgentNamespace, msg))
+	}
+	return errs.ToAggregate()
+}
+
+// ValidateResourceNames returns every problem of the resource names pods ask
+// for GPUs with, with field paths under path: each is required, a
+// domain-prefixed extended resource name, and distinct from the others.
+func ValidateResourceNames(path *field.Path, names config.ResourceNames) field.ErrorList {
+	var errs field.ErrorList
 	seen := map[string]string{}
 	for _, n := range []struct {
 		field, value string
 	}{
-		{"gpu", args.ResourceNames.GPU},
-		{"memory", args.ResourceNames.Memory},
-		{"memoryPercent", args.ResourceNames.MemoryPercent},
-		{"cores", args.ResourceNames.Cores},
+		{"gpu", names.GPU},
+		{"memory", names.Memory},
+		{"memoryPercent", names.MemoryPercent},
+		{"cores", names.Cores},
 	} {
-		p := namesPath.Child(n.field)
+		p := path.Child(n.field)
 		switch {
 		case n.value == "":
 			errs = append(errs, field.Required(p, "a resource name"))
@@ -47,11 +61,5 @@ func ValidateGPUShareArgs(path *field.Path, args *config.GPUShareArgs) error {
 		}
 		seen[n.value] = n.field
 	}
-	if args.AgentHeartbeatTimeout.Duration < 0 {
-		errs = append(errs, field.Invalid(path.Child("agentHeartbeatTimeout"), args.AgentHeartbeatTimeout.Duration.String(), "must not be negative (0s disables the check)"))
-	}
-	for _, msg := range utilvalidation.IsDNS1123Label(args.AgentNamespace) {
-		errs = append(errs, field.Invalid(path.Child("agentNamespace"), args.AgentNamespace, msg))
-	}
-	return errs.ToAggregate()
+	return errs
 }
