@@ -374,7 +374,7 @@ func serveAgentMetrics(t *testing.T, node, metrics string) {
 			}
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 			fmt.Fprint(w, metrics)
-		})))
+		}), serving.Probes{}))
 	}()
 	t.Cleanup(func() {
 		stop()

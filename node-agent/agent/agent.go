@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -47,6 +48,11 @@ type Agent struct {
 	lastCards []discovery.Card
 	// xids watches the cards' XID events (see watchXIDs).
 	xids xidWatch
+	// turned is when Run's loop last finished a turn (UnixNano; 0 before
+	// Run), beat when a heartbeat last succeeded, scanned whether a scan
+	// has been published: what Live and Ready read, from other goroutines.
+	turned, beat atomic.Int64
+	scanned      atomic.Bool
 }
 
 // xidWatch is the XID event watch of the cards it started with.
@@ -87,6 +93,7 @@ func (a *Agent) Run(ctx context.Context) {
 	}
 	a.xids.events = make(chan struct{}, 1)
 	defer a.stopXIDs()
+	a.turned.Store(time.Now().UnixNano())
 	a.rescan(ctx)
 	// The first heartbeat may find enforcement still connecting: it tells
 	// the scheduler, but is not worth an Event.
@@ -97,6 +104,7 @@ func (a *Agent) Run(ctx context.Context) {
 	beat := time.NewTicker(a.HeartbeatInterval)
 	defer beat.Stop()
 	for {
+		a.turned.Store(time.Now().UnixNano())
 		select {
 		case <-ctx.Done():
 			logger.Info("Node agent stopping", "node", a.Publisher.NodeName)
@@ -262,11 +270,60 @@ func (a *Agent) stopXIDs() {
 func (a *Agent) rescan(ctx context.Context) {
 	if err := a.scan(ctx); err != nil {
 		klog.FromContext(ctx).Error(err, "Keeping the published GPU inventory")
+		return
 	}
+	a.scanned.Store(true)
 }
 
 func (a *Agent) heartbeat(ctx context.Context) {
 	if err := a.Publisher.Heartbeat(ctx); err != nil {
 		klog.FromContext(ctx).Error(err, "Renewing the heartbeat lease failed")
+		return
 	}
+	a.beat.Store(time.Now().UnixNano())
+}
+
+// liveTurns is how many of its longest interval Run's loop may take for a
+// turn before the agent counts as hung.
+const liveTurns = 3
+
+// Live is nil while Run's loop turns: it wakes at least every
+// HeartbeatInterval, so a loop that has not turned for liveTurns times the
+// longer of the two intervals is stuck (in a card scan NVML does not
+// answer, say). Nothing outside the process counts: neither an API server
+// nor a container runtime that is down makes the agent dead, or a restart
+// would follow every outage.
+func (a *Agent) Live() error {
+	turned := a.turned.Load()
+	if turned == 0 {
+		return nil // Run has not started: the probe's initial delay covers start-up
+	}
+	window := liveTurns * max(a.HeartbeatInterval, a.RescanInterval)
+	if since := time.Since(time.Unix(0, turned)); since > window {
+		return fmt.Errorf("the agent's loop has not turned for %v (more than %v)", since.Round(time.Second), window)
+	}
+	return nil
+}
+
+// Ready is nil when the node can take GPU pods from this agent: its cards
+// were scanned and published, its last heartbeat is fresh (within two
+// intervals), and enforcement is ready (connected to the runtime's NRI,
+// pod cache synced).
+func (a *Agent) Ready() error {
+	if !a.scanned.Load() {
+		return errors.New("no scan of the cards published yet")
+	}
+	beat := a.beat.Load()
+	if beat == 0 {
+		return errors.New("no heartbeat renewed yet")
+	}
+	if since := time.Since(time.Unix(0, beat)); since > 2*a.HeartbeatInterval {
+		return fmt.Errorf("the last heartbeat was renewed %v ago", since.Round(time.Second))
+	}
+	if a.Enforcement != nil {
+		if reason := a.Enforcement.NotReady(); reason != "" {
+			return fmt.Errorf("assignments are not enforced: %s", reason)
+		}
+	}
+	return nil
 }

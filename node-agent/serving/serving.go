@@ -28,8 +28,12 @@ import (
 )
 
 const (
-	// HealthPath answers 200 "ok" without authentication, for probes.
+	// HealthPath answers without authentication whether the agent is alive
+	// (Probes.Live), for kubelet's liveness probe.
 	HealthPath = "/healthz"
+	// ReadyPath answers without authentication whether the agent is ready
+	// (Probes.Ready), for kubelet's readiness probe.
+	ReadyPath = "/readyz"
 	// How long the API server's answers are kept: kube-scheduler's defaults.
 	tokenCacheTTL  = 10 * time.Second
 	allowCacheTTL  = 10 * time.Second
@@ -72,13 +76,37 @@ func NewGuard(client kubernetes.Interface) (*Guard, error) {
 	return &Guard{authn: authn, authz: authz}, nil
 }
 
-// Handler serves HealthPath to anyone and protected to the callers allowed
+// Probes answer HealthPath and ReadyPath: nil when the agent is alive or
+// ready, else why not. A nil probe always answers ok.
+type Probes struct {
+	Live, Ready func() error
+}
+
+// answer writes 200 "ok", or 503 without the reason: the probe paths answer
+// anyone, and when a node's enforcement is down is not for tenants to learn
+// (the reason is logged, and on the agent's Lease).
+func answer(w http.ResponseWriter, r *http.Request, probe func() error) {
+	if probe != nil {
+		if err := probe(); err != nil {
+			klog.FromContext(r.Context()).V(2).Info("Probe failed", "path", r.URL.Path, "err", err)
+			http.Error(w, "failed", http.StatusServiceUnavailable)
+			return
+		}
+	}
+	_, _ = w.Write([]byte("ok"))
+}
+
+// Handler serves the probes to anyone and protected to the callers allowed
 // to get the request's path: 401 without a valid token, 403 without the
 // permission.
-func (g *Guard) Handler(protected http.Handler) http.Handler {
+func (g *Guard) Handler(protected http.Handler, probes Probes) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == HealthPath {
-			_, _ = w.Write([]byte("ok"))
+		switch r.URL.Path {
+		case HealthPath:
+			answer(w, r, probes.Live)
+			return
+		case ReadyPath:
+			answer(w, r, probes.Ready)
 			return
 		}
 		if r.Header.Get("Authorization") == "" {

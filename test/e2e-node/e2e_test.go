@@ -328,6 +328,13 @@ func TestSharedCards(t *testing.T) {
 		checkDevices(t, what, r, cards)
 		checkInterception(t, what, r, r.region())
 	}
+	// The agent's probes answer anyone: it is alive and ready (connected to
+	// containerd's NRI, its pods synced, its cards published).
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if code, body := agentGet(tCtx, path, ""); code != http.StatusOK {
+			t.Errorf("GET %s on the agent: %d %s, want 200", path, code, body)
+		}
+	}
 	// The agent's endpoint reports each container's assignment.
 	raw := scrapeAgent(tCtx)
 	for _, name := range []string{"critical", "batch"} {
@@ -349,11 +356,24 @@ func scrapeAgent(tCtx ktesting.TContext) string {
 	if err != nil {
 		tCtx.Fatalf("a token of the metrics reader: %v", err)
 	}
-	req, err := http.NewRequestWithContext(tCtx, http.MethodGet, "https://"+agentMetricsAddress+"/metrics", nil)
+	code, raw := agentGet(tCtx, "/metrics", token.Status.Token)
+	if code != http.StatusOK {
+		tCtx.Fatalf("the agent's metrics port answered %d: %s", code, raw)
+	}
+	return raw
+}
+
+// agentGet GETs path on the agent's HTTPS port, with token when not empty,
+// and returns the status code and body.
+func agentGet(tCtx ktesting.TContext, path, token string) (int, string) {
+	tCtx.Helper()
+	req, err := http.NewRequestWithContext(tCtx, http.MethodGet, "https://"+agentMetricsAddress+path, nil)
 	if err != nil {
 		tCtx.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token.Status.Token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	// The agent's certificate is self-signed, as Prometheus's ServiceMonitor
 	// accepts it (insecureSkipVerify).
 	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // the agent's self-signed certificate
@@ -366,10 +386,7 @@ func scrapeAgent(tCtx ktesting.TContext) string {
 	if err != nil {
 		tCtx.Fatal(err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		tCtx.Fatalf("the agent's metrics port answered %s: %s", resp.Status, raw)
-	}
-	return string(raw)
+	return resp.StatusCode, string(raw)
 }
 
 // TestWholeCards: a container holding whole cards sees exactly them, with no

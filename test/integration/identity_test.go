@@ -187,6 +187,7 @@ func TestInstalledIdentities(t *testing.T) {
 		{port, "/metrics", nil, http.StatusForbidden},
 		{port, "/metrics", bearer("Authorization", promToken), http.StatusOK},
 		{agentPort, serving.HealthPath, nil, http.StatusOK},
+		{agentPort, serving.ReadyPath, nil, http.StatusOK},
 		{agentPort, "/metrics", nil, http.StatusUnauthorized},
 		{agentPort, "/metrics", bearer("Authorization", "not-a-token"), http.StatusUnauthorized},
 		{agentPort, "/metrics", bearer("Authorization", tenantToken), http.StatusForbidden},
@@ -281,7 +282,7 @@ func (e *env) serveAgentMetrics(client kubernetes.Interface, node string, backen
 	ctx, stop := context.WithCancel(e.tCtx)
 	served := make(chan error, 1)
 	go func() {
-		served <- serving.Serve(ctx, ln, cert, guard.Handler(metrics.Handler(e.tCtx.Logger(), metrics.NewRegistry(collector))))
+		served <- serving.Serve(ctx, ln, cert, guard.Handler(metrics.Handler(e.tCtx.Logger(), metrics.NewRegistry(collector)), serving.Probes{}))
 	}()
 	e.tCtx.Cleanup(func() {
 		stop()

@@ -200,9 +200,6 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		collector.Stats = stats
 		collector.Logger = klog.FromContext(ctx)
 		a.Metrics = collector
-		if err := serveMetrics(ctx, metricsPort, client, nodeName, collector); err != nil {
-			return err
-		}
 	}
 	if enforcer != nil {
 		if err := enforcer.Enforce.Paths.WritePreload(); err != nil {
@@ -268,6 +265,12 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			Report: func(e overuse.Exceeded) { go reportExceeded(ctx, a.Publisher, e) }}
 		go detector.Run(ctx, svc.overUseInterval)
 	}
+	if collector != nil {
+		// Served once the agent is wired: the probes read it.
+		if err := serveMetrics(ctx, metricsPort, client, nodeName, collector, serving.Probes{Live: a.Live, Ready: a.Ready}); err != nil {
+			return err
+		}
+	}
 	a.Run(ctx)
 	return nil
 }
@@ -316,11 +319,11 @@ type endpoint struct {
 }
 
 // serveMetrics serves the collector's metrics on the endpoint until ctx
-// ends, guarded by the API server's reviews (node-agent/serving). A
-// certificate it cannot load or a guard it cannot build is an error; an
-// address it cannot listen on is logged, and the agent runs on without
-// metrics.
-func serveMetrics(ctx context.Context, at endpoint, client kubernetes.Interface, nodeName string, collector *metrics.Collector) error {
+// ends, guarded by the API server's reviews (node-agent/serving), and the
+// probes to anyone. A certificate it cannot load, a guard it cannot build or
+// an address it cannot listen on is an error: kubelet's probes need the
+// port.
+func serveMetrics(ctx context.Context, at endpoint, client kubernetes.Interface, nodeName string, collector *metrics.Collector, probes serving.Probes) error {
 	cert, err := serving.Certificate(at.certFile, at.keyFile, nodeName)
 	if err != nil {
 		return fmt.Errorf("metrics port certificate: %w", err)
@@ -331,11 +334,10 @@ func serveMetrics(ctx context.Context, at endpoint, client kubernetes.Interface,
 	}
 	ln, err := net.Listen("tcp", at.address)
 	if err != nil {
-		klog.ErrorS(err, "No metrics endpoint", "address", at.address)
-		return nil
+		return fmt.Errorf("metrics and probe port: %w", err)
 	}
 	klog.InfoS("Serving metrics over HTTPS", "address", ln.Addr().String(), "selfSignedCertificate", at.certFile == "")
-	handler := guard.Handler(metrics.Handler(klog.FromContext(ctx), metrics.NewRegistry(collector)))
+	handler := guard.Handler(metrics.Handler(klog.FromContext(ctx), metrics.NewRegistry(collector)), probes)
 	go func() {
 		if err := serving.Serve(ctx, ln, cert, handler); err != nil {
 			klog.ErrorS(err, "Metrics endpoint stopped", "address", at.address)
