@@ -10,6 +10,8 @@ package overuse
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -135,7 +137,10 @@ func (d *Detector) Check(ctx context.Context) {
 			}
 			u.containers[ctr.ID] = ctr
 		}
-		for key, u := range uses {
+		// In holder order, so that reports come in the same order on every
+		// check.
+		for _, key := range slices.Sorted(maps.Keys(uses)) {
+			u := uses[key]
 			hc := holderCard{key, st.UUID}
 			if u.mib <= u.held {
 				continue
@@ -146,8 +151,8 @@ func (d *Detector) Check(ctx context.Context) {
 				continue
 			}
 			e := Exceeded{Card: st.Index, UUID: st.UUID, UsedMiB: u.mib, HeldMiB: u.held, PIDs: u.pids}
-			for _, c := range u.containers {
-				e.Containers = append(e.Containers, c)
+			for _, id := range slices.Sorted(maps.Keys(u.containers)) {
+				e.Containers = append(e.Containers, u.containers[id])
 			}
 			if d.Stop {
 				e.StopErr = d.stop(u.pids, u.containers)
