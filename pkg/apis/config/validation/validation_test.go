@@ -1,4 +1,4 @@
-package validation
+package validation_test
 
 import (
 	"strings"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
+	"github.com/tessera-gpu/tessera/pkg/apis/config/validation"
 )
 
 func defaulted(t *testing.T) *config.GPUShareArgs {
@@ -25,7 +26,7 @@ func defaulted(t *testing.T) *config.GPUShareArgs {
 
 func TestDefaultsAreValid(t *testing.T) {
 	a := defaulted(t)
-	if err := ValidateGPUShareArgs(field.NewPath("args"), a); err != nil {
+	if err := validation.ValidateGPUShareArgs(field.NewPath("args"), a); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
 	if a.NodePolicy != config.PolicyBinpack || a.GPUPolicy != config.PolicyBinpack ||
@@ -57,7 +58,7 @@ func TestValidateGPUShareArgs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := defaulted(t)
 			tc.mutate(a)
-			err := ValidateGPUShareArgs(field.NewPath("args"), a)
+			err := validation.ValidateGPUShareArgs(field.NewPath("args"), a)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Errorf("unexpected error: %v", err)
