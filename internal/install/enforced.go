@@ -32,6 +32,9 @@ const (
 	PolicyDRASlices             = "tessera-dra-slices"
 	PolicyCDIAnnotations        = "tessera-cdi-annotations"
 	PolicyHighPriority          = "tessera-high-priority"
+	// PolicySchedulerName is the MutatingAdmissionPolicy that sets the
+	// profile of a labelled namespace on its GPU pods.
+	PolicySchedulerName = "tessera-scheduler-name"
 )
 
 // WaitServed waits until the API server serves the GPUReservation resource

@@ -77,6 +77,8 @@ func TestBaseRenders(t *testing.T) {
 		"PriorityClass /tessera-critical",
 		"DeviceClass /gpu-share.tessera.io",
 		"DeviceClass /gpu.tessera.io",
+		"MutatingAdmissionPolicy /" + PolicySchedulerName,
+		"MutatingAdmissionPolicyBinding /" + PolicySchedulerName,
 	}
 	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
@@ -125,11 +127,11 @@ func podSpec(t *testing.T, o *unstructured.Unstructured) v1.PodSpec {
 	return spec
 }
 
-// policyResourceNames are the resource names the rendered
-// tessera-gpu-pods-bound-by-tessera policy looks for.
-func policyResourceNames(t *testing.T, objs []*unstructured.Unstructured) []string {
+// policyResourceNames are the resource names the rendered admission policy
+// of that kind and name looks for (its variable resourceNames).
+func policyResourceNames(t *testing.T, objs []*unstructured.Unstructured, kind, name string) []string {
 	t.Helper()
-	vars, _, err := unstructured.NestedSlice(find(t, objs, "ValidatingAdmissionPolicy", PolicyGPUPodsBoundByTessera).Object, "spec", "variables")
+	vars, _, err := unstructured.NestedSlice(find(t, objs, kind, name).Object, "spec", "variables")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,8 +196,10 @@ func TestResourceNamesAgree(t *testing.T) {
 			if diff := cmp.Diff(tc.want, agentResourceNames(t, objs)); diff != "" {
 				t.Errorf("node agent's names (-want,+got):\n%s", diff)
 			}
-			if diff := cmp.Diff(list(tc.want), policyResourceNames(t, objs)); diff != "" {
-				t.Errorf("admission policy's names (-want,+got):\n%s", diff)
+			for _, p := range [][2]string{{"ValidatingAdmissionPolicy", PolicyGPUPodsBoundByTessera}, {"MutatingAdmissionPolicy", PolicySchedulerName}} {
+				if diff := cmp.Diff(list(tc.want), policyResourceNames(t, objs, p[0], p[1])); diff != "" {
+					t.Errorf("%s %s's names (-want,+got):\n%s", p[0], p[1], diff)
+				}
 			}
 			// NodeResourcesFit leaves memory and compute to GPUShare and
 			// counts cards as kubelet does.

@@ -596,3 +596,58 @@ func taskPriorityClaim(t *testing.T, ns, key, priority string) *resourceapi.Reso
 		}},
 	}
 }
+
+// TestSchedulerNamePolicy: in a namespace the operator labelled with a
+// profile, a pod asking for GPUs and naming no scheduler gets that
+// profile from the API server (the MutatingAdmissionPolicy
+// tessera-scheduler-name); a pod naming another scheduler, a pod asking for
+// no GPU, and a pod of an unlabelled namespace are left as they are.
+func TestSchedulerNamePolicy(t *testing.T) {
+	e := newEnv(t)
+	admin := e.client
+	labelled, err := admin.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: e.ns + "-spread", Labels: map[string]string{"tessera.io/scheduler-profile": "tessera-spread"},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), labelled.Name, metav1.DeleteOptions{}) })
+	for _, ns := range []string{e.ns, labelled.Name} {
+		e.grantEditor(ns, "alice")
+	}
+	alice := clientAs(t, "alice")
+	created := func(ns, scheduler string, limits map[string]int64) string {
+		t.Helper()
+		p := e.podSpec("probe", scheduler, limits)
+		p.Namespace = ns
+		got, err := alice.CoreV1().Pods(ns).Create(e.tCtx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			t.Fatalf("creating a pod in %s: %v", ns, err)
+		}
+		return got.Spec.SchedulerName
+	}
+	gpu := map[string]int64{"tessera.io/gpu-memory": 1024}
+	// The API server loads policies asynchronously.
+	e.waitFor(30*time.Second, "the policy to set the profile", func() (bool, error) {
+		return created(labelled.Name, "", gpu) == "tessera-spread", nil
+	})
+	for _, tc := range []struct {
+		name, ns, scheduler string
+		limits              map[string]int64
+		want                string
+	}{
+		{"a GPU pod naming no scheduler", labelled.Name, "", gpu, "tessera-spread"},
+		{"a GPU pod naming the default scheduler", labelled.Name, "default-scheduler", gpu, "tessera-spread"},
+		{"a pod asking for a whole card", labelled.Name, "", map[string]int64{"tessera.io/gpu": 1}, "tessera-spread"},
+		{"a GPU pod naming another scheduler", labelled.Name, "volcano", gpu, "volcano"},
+		{"a GPU pod naming another Tessera profile", labelled.Name, "tessera-binpack", gpu, "tessera-binpack"},
+		{"a pod without GPUs", labelled.Name, "", nil, "default-scheduler"},
+		{"a GPU pod in an unlabelled namespace", e.ns, "", gpu, "default-scheduler"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := created(tc.ns, tc.scheduler, tc.limits); got != tc.want {
+				t.Errorf("schedulerName %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
