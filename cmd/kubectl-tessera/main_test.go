@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -414,3 +415,47 @@ func globalUnicastIP() string {
 
 // terminal is the real isTerminal, restored after tests that replace it.
 var terminal = isTerminal
+
+// TestViewerRoles: a user bound to the shipped tessera-viewer roles sees
+// what an administrator sees; a user bound to nothing is told which roles
+// to ask for.
+func TestViewerRoles(t *testing.T) {
+	ctx := context.Background()
+	rbac := env.cp.Client.RbacV1()
+	const oncall = "oncall"
+	subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: oncall}}
+	if _, err := rbac.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "oncall-tessera-viewer"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "tessera-viewer"},
+		Subjects:   subjects,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rbac.RoleBindings(fleet.AgentNamespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "oncall-tessera-viewer"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "tessera-viewer"},
+		Subjects:   subjects,
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		review, err := env.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               oncall,
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: fleet.AgentNamespace, Verb: "list", Group: "coordination.k8s.io", Resource: "leases"},
+		}}, metav1.CreateOptions{})
+		return err == nil && review.Status.Allowed, err
+	})
+	if err != nil {
+		t.Fatalf("the viewer bindings did not take effect: %v", err)
+	}
+	for _, args := range [][]string{{"nodes"}, {"nodes", "-o", "wide"}, {"pod", "too-big"}, {"pod", "video", "-n", "team-b"}} {
+		want := result(kubectlTessera(t, args...))
+		if got := result(kubectlTessera(t, append(args, "--as", oncall)...)); got != want {
+			t.Errorf("kubectl tessera %v as %s (-admin,+%s):\n%s", args, oncall, oncall, cmp.Diff(want, got))
+		}
+	}
+	_, _, err = kubectlTessera(t, "nodes", "--as", "nobody")
+	if err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "ClusterRole tessera-viewer") {
+		t.Errorf("kubectl tessera nodes as a user without roles: %v, want RBAC's refusal naming tessera-viewer", err)
+	}
+}

@@ -8,9 +8,12 @@ import (
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/tessera-gpu/tessera/internal/fleet"
 )
 
 // Output formats of the -o flag.
@@ -69,7 +72,23 @@ is or is not placed, and what the containers on GPUs were given and use.`,
 		return fmt.Errorf("unknown output format %q: use wide, json or yaml", g.output)
 	}
 	cmd.AddCommand(newNodesCommand(g), newPodCommand(g), newTopCommand(g))
+	for _, sub := range cmd.Commands() {
+		if run := sub.RunE; run != nil {
+			sub.RunE = func(c *cobra.Command, args []string) error { return explainForbidden(run(c, args)) }
+		}
+	}
 	return cmd
+}
+
+// explainForbidden adds to an RBAC refusal which roles grant what the
+// plugin reads.
+func explainForbidden(err error) error {
+	if !apierrors.IsForbidden(err) {
+		return err
+	}
+	return fmt.Errorf("%w\nkubectl tessera reads nodes, pods, resource slices and claims cluster-wide and the agents' Leases in %s: "+
+		"ask for the ClusterRole tessera-viewer and the Role tessera-viewer in %s (and the Role tessera-top there for top's memory in use)",
+		err, fleet.AgentNamespace, fleet.AgentNamespace)
 }
 
 // client returns a clientset for the kubeconfig, context and server flags.

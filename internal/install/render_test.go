@@ -55,6 +55,8 @@ func TestBaseRenders(t *testing.T) {
 		"ServiceAccount tessera-system/tessera-node-agent",
 		"ServiceAccount tessera-system/tessera-metrics-reader",
 		"Role tessera-system/tessera-top",
+		"Role tessera-system/tessera-viewer",
+		"ClusterRole /tessera-viewer",
 		"ClusterRoleBinding /tessera-metrics-reader",
 		"Role tessera-system/tessera-scheduler",
 		"Role tessera-system/tessera-node-agent",
