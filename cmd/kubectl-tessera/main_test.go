@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/fleet"
+	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/serving"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -457,5 +459,65 @@ func TestViewerRoles(t *testing.T) {
 	_, _, err = kubectlTessera(t, "nodes", "--as", "nobody")
 	if err == nil || !strings.Contains(err.Error(), "forbidden") || !strings.Contains(err.Error(), "ClusterRole tessera-viewer") {
 		t.Errorf("kubectl tessera nodes as a user without roles: %v, want RBAC's refusal naming tessera-viewer", err)
+	}
+}
+
+// TestSchedulerResourceNames: the plugin reads pods with the names of the
+// scheduler's configuration as its Deployment mounts it — Tessera's in the
+// installed base, HAMi's from the hami-names overlay's configuration — and
+// says why when it cannot.
+func TestSchedulerResourceNames(t *testing.T) {
+	ctx := context.Background()
+	const ns = "hami-install"
+	if _, err := env.cp.Client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hami, err := manifests.FS.ReadFile("overlays/hami-names/scheduler-config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: manifests.SchedulerConfigMap + "-h4m1"}, Data: map[string]string{manifests.SchedulerConfigKey: string(hami)}}
+	if _, err := env.cp.Client.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"app": "scheduler"}
+	deployment := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: schedulerDeployment},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: v1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: v1.PodSpec{
+					Containers: []v1.Container{{Name: "scheduler", Image: "tessera-scheduler"}},
+					Volumes:    []v1.Volume{{Name: "config", VolumeSource: v1.VolumeSource{ConfigMap: &v1.ConfigMapVolumeSource{LocalObjectReference: v1.LocalObjectReference{Name: cm.Name}}}}},
+				},
+			},
+		},
+	}
+	if _, err := env.cp.Client.AppsV1().Deployments(ns).Create(ctx, deployment, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		ns      string
+		want    gpuinfo.ResourceNames
+		wantErr string
+	}{
+		{fleet.AgentNamespace, gpuinfo.DefaultResourceNames(), ""},
+		{ns, gpuinfo.HAMiResourceNames(), ""},
+		{"team-b", gpuinfo.ResourceNames{}, `the scheduler's Deployment team-b/tessera-scheduler: deployments.apps "tessera-scheduler" not found`},
+	} {
+		got, err := schedulerResourceNames(ctx, env.cp.Client, tc.ns)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%s: error %v, want %q", tc.ns, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.ns, err)
+		}
+		if diff := cmp.Diff(tc.want, got); diff != "" {
+			t.Errorf("%s: names (-want,+got):\n%s", tc.ns, diff)
+		}
 	}
 }

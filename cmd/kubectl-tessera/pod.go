@@ -53,7 +53,11 @@ func runPod(ctx context.Context, g *globals, client kubernetes.Interface, ns, na
 	} else if err != nil {
 		return fmt.Errorf("getting pod %s/%s: %w", ns, name, err)
 	}
-	names := gpuinfo.DefaultResourceNames()
+	names, err := schedulerResourceNames(ctx, client, fleet.AgentNamespace)
+	if err != nil {
+		warn(g.streams.ErrOut, []error{fmt.Errorf("reading pods with Tessera's own resource names: %w", err)})
+		names = gpuinfo.DefaultResourceNames()
+	}
 	req, err := gpuinfo.ParsePodRequest(pod, names)
 	if err != nil {
 		return fmt.Errorf("pod %s/%s: invalid GPU request: %w", ns, name, err)
