@@ -277,22 +277,28 @@ func (e *env) podsNow() string {
 		fmt.Fprintf(&b, "%s node=%q nominated=%q terminating=%t assignment=%s\n", p.Name, p.Spec.NodeName, p.Status.NominatedNodeName,
 			p.DeletionTimestamp != nil, p.Annotations[gpuinfo.AssignmentAnnotation])
 	}
-	// The namespace's claims: where each is allocated and for whom.
-	claims, err := e.client.ResourceV1().ResourceClaims(e.ns).List(ctx, metav1.ListOptions{})
+	// The claims of the namespace, and any other allocated on its nodes'
+	// devices: where each is allocated and for whom.
+	claims, err := e.client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return b.String() + err.Error()
 	}
 	for _, c := range claims.Items {
 		var devices, reserved []string
+		ours := c.Namespace == e.ns
 		if a := c.Status.Allocation; a != nil {
 			for _, r := range a.Devices.Results {
 				devices = append(devices, r.Pool+"/"+r.Device)
+				ours = ours || strings.HasPrefix(r.Pool, e.ns+"-")
 			}
+		}
+		if !ours {
+			continue
 		}
 		for _, r := range c.Status.ReservedFor {
 			reserved = append(reserved, r.Name)
 		}
-		fmt.Fprintf(&b, "claim %s allocated=%v reservedFor=%v deleting=%t\n", c.Name, devices, reserved, c.DeletionTimestamp != nil)
+		fmt.Fprintf(&b, "claim %s/%s allocated=%v reservedFor=%v deleting=%t\n", c.Namespace, c.Name, devices, reserved, c.DeletionTimestamp != nil)
 	}
 	return b.String()
 }
