@@ -10,6 +10,9 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 # machines have no container runtime).
 REGISTRY ?= ghcr.io/tessera-gpu
 VERSION  ?= v0.1.0
+# Tessera's version in the binaries (internal/version), never in
+# component-base's gitVersion: kube-scheduler resolves feature gates by that.
+VERSION_LDFLAGS := -X github.com/tessera-gpu/tessera/internal/version.Version=$(VERSION)
 # Packages run under the race detector: the plugin and everything it calls
 # concurrently from the framework's parallel Filter.
 RACE_PKGS := ./pkg/plugins/... ./pkg/ledger/... ./pkg/allocator/... ./pkg/gpuinfo/... ./pkg/workload/...
@@ -33,16 +36,16 @@ all: build
 
 ## build: the scheduler, the node agent and the kubectl plugin into bin/
 build:
-	$(GO) build -o $(BIN)/tessera-scheduler ./cmd/scheduler
-	$(GO) build -o $(BIN)/node-agent ./node-agent/cmd/node-agent
-	$(GO) build -o $(BIN)/kubectl-tessera ./cmd/kubectl-tessera
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/tessera-scheduler ./cmd/scheduler
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/node-agent ./node-agent/cmd/node-agent
+	$(GO) build -ldflags='$(VERSION_LDFLAGS)' -o $(BIN)/kubectl-tessera ./cmd/kubectl-tessera
 
 ## release-scheduler, release-node-agent: the binaries the images ship (the Dockerfiles run these).
 ## The scheduler is static (no cgo); the agent needs cgo and glibc to dlopen the driver's NVML.
 release-scheduler:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/tessera-scheduler ./cmd/scheduler
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w $(VERSION_LDFLAGS)' -o $(BIN)/tessera-scheduler ./cmd/scheduler
 release-node-agent:
-	CGO_ENABLED=1 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/node-agent ./node-agent/cmd/node-agent
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags='-s -w $(VERSION_LDFLAGS)' -o $(BIN)/node-agent ./node-agent/cmd/node-agent
 
 ## images: the scheduler and node-agent images (needs a container engine)
 images:

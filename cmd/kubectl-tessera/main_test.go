@@ -28,6 +28,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/fleet"
+	"github.com/tessera-gpu/tessera/internal/version"
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/serving"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -519,5 +520,13 @@ func TestSchedulerResourceNames(t *testing.T) {
 		if diff := cmp.Diff(tc.want, got); diff != "" {
 			t.Errorf("%s: names (-want,+got):\n%s", tc.ns, diff)
 		}
+	}
+}
+
+// TestVersion: the plugin prints Tessera's version.
+func TestVersion(t *testing.T) {
+	stdout, _, err := kubectlTessera(t, "version")
+	if err != nil || stdout != version.String()+"\n" || !strings.HasPrefix(stdout, "Tessera "+version.Version+" ") {
+		t.Errorf("version printed %q (%v), want %q", stdout, err, version.String())
 	}
 }

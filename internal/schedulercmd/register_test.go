@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/component-base/metrics/legacyregistry"
+
+	"github.com/tessera-gpu/tessera/internal/version"
 )
 
 // memoryLock is a leader-election lock held in memory: the elector under
@@ -91,6 +93,14 @@ func TestBuildInfoMetric(t *testing.T) {
 		}
 	}
 	t.Error("kubernetes_build_info is not served")
+}
+
+// TestTesseraBuildInfo: the scheduler serves Tessera's own version, not only
+// kube-scheduler's.
+func TestTesseraBuildInfo(t *testing.T) {
+	if got, ok := gauge(t, "tessera_build_info", "version", version.Version); !ok || got != 1 {
+		t.Errorf("tessera_build_info{version=%q} = %v (served: %t), want 1", version.Version, got, ok)
+	}
 }
 
 // TestJSONLogFormat: --logging-format=json is a format the scheduler knows.

@@ -9,6 +9,7 @@ package metrics
 import (
 	"fmt"
 	"net/http"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/version"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -278,7 +280,13 @@ func boolValue(b bool) float64 {
 // agent process's own (Go runtime, process).
 func NewRegistry(c *Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "tessera_build_info",
+		Help:        "1, labelled with the Tessera version, VCS revision and Go version of this binary.",
+		ConstLabels: prometheus.Labels{"version": version.Version, "revision": version.Revision(), "go_version": runtime.Version()},
+	})
+	buildInfo.Set(1)
+	reg.MustRegister(c, buildInfo, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
 }
 

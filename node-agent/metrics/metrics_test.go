@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/internal/version"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -350,7 +352,7 @@ tessera_agent_container_memory_assigned_mib{card="0",container="main",namespace=
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"go_goroutines ", "process_resident_memory_bytes ", "tessera_agent_card_temperature_celsius{"} {
+	for _, want := range []string{"go_goroutines ", "process_resident_memory_bytes ", "tessera_agent_card_temperature_celsius{", `tessera_build_info{go_version="` + runtime.Version() + `",revision="` + version.Revision() + `",version="` + version.Version + `"} 1`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics has no %q", want)
 		}

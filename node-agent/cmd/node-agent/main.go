@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/tessera-gpu/tessera/internal/version"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/deviceplugin"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
@@ -77,7 +78,13 @@ func main() {
 	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
 	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
+	printVersion := flag.Bool("version", false, "print Tessera's version and exit")
 	flag.Parse()
+	if *printVersion {
+		fmt.Println(version.String())
+		return
+	}
+	klog.InfoS("Tessera node agent", "version", version.Version, "revision", version.Revision())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	names, err := configv1.ParseResourceNames(*resourceNames)
