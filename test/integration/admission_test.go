@@ -611,7 +611,9 @@ func TestSchedulerNamePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = admin.CoreV1().Namespaces().Delete(context.Background(), labelled.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = admin.CoreV1().Namespaces().Delete(context.Background(), labelled.Name, metav1.DeleteOptions{})
+	})
 	for _, ns := range []string{e.ns, labelled.Name} {
 		e.grantEditor(ns, "alice")
 	}
