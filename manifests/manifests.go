@@ -31,6 +31,13 @@ const (
 	SchedulerConfigMap = "tessera-scheduler-config"
 	// SchedulerConfigKey is the ConfigMap's key holding the configuration.
 	SchedulerConfigKey = "scheduler-config.yaml"
+	// SchedulerFeatureGates are the feature gates the scheduler's Deployment
+	// sets. Asynchronous preemption is off: in kube-scheduler 1.37 a
+	// preemptor can wait in the unschedulable pool for the 5-minute flush
+	// when its victims' deletion is consumed by an attempt in flight
+	// (kubernetes/kubernetes#141694); preempting in the scheduling cycle
+	// cannot lose that event.
+	SchedulerFeatureGates = "SchedulerAsyncPreemption=false"
 	// HighPriorityLabel, set to HighPriorityAllowed on a namespace by the
 	// operator, lets its pods and claims take high priority (the admission
 	// policy tessera-high-priority).

@@ -25,6 +25,7 @@ import (
 	kubeapiservertesting "k8s.io/kubernetes/cmd/kube-apiserver/app/testing"
 
 	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -85,6 +86,9 @@ func Start(logf func(format string, args ...any), options ...Option) (cp *Contro
 		// As kubeadm and managed clusters run it: the node agent's pod is
 		// privileged (docs/install.md).
 		"--allow-privileged=true",
+		// Feature gates are one set per process: this is the scheduler's,
+		// as its Deployment sets it (manifests/base/scheduler/deployment.yaml).
+		"--feature-gates=" + manifests.SchedulerFeatureGates,
 	}
 	if o.gangs {
 		flags = append(flags, "--runtime-config=scheduling.k8s.io/v1beta1=true", "--feature-gates=GenericWorkload=true")

@@ -300,10 +300,11 @@ func TestMonitoringRenders(t *testing.T) {
 	}
 }
 
-// TestGangOverlayAddsTheGate: the gang-scheduling overlay is the base with
-// the scheduler started with --feature-gates=GenericWorkload=true, and
-// nothing else changed (the integration suite runs the shipped profiles with
-// that gate on).
+// TestGangOverlayAddsTheGate: the base's scheduler runs with the gates the
+// test suite's does, and the gang-scheduling overlay is the base with the
+// scheduler started with --feature-gates=GenericWorkload=true too (the flag
+// adds to the first), nothing else changed (the integration suite runs the
+// shipped profiles with that gate on).
 func TestGangOverlayAddsTheGate(t *testing.T) {
 	args := func(dir string) []string {
 		d := find(t, render(t, dir), "Deployment", "tessera-scheduler")
@@ -313,6 +314,9 @@ func TestGangOverlayAddsTheGate(t *testing.T) {
 		}
 		list, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
 		return list
+	}
+	if !slices.Contains(args(Base), "--feature-gates="+manifests.SchedulerFeatureGates) {
+		t.Errorf("the scheduler's Deployment does not set --feature-gates=%s, which the test suite's scheduler runs with", manifests.SchedulerFeatureGates)
 	}
 	want := append(args(Base), "--feature-gates=GenericWorkload=true")
 	if diff := cmp.Diff(want, args("overlays/gang-scheduling")); diff != "" {

@@ -17,9 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/component-base/cli"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/features"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
@@ -346,4 +348,12 @@ func placementOf(t testing.TB, pod *v1.Pod) placement {
 		p.Cards = append(p.Cards, c.Index)
 	}
 	return p
+}
+
+// TestSchedulerFeatureGates: the suite's scheduler runs with the gates its
+// Deployment sets: asynchronous preemption off.
+func TestSchedulerFeatureGates(t *testing.T) {
+	if utilfeature.DefaultFeatureGate.Enabled(features.SchedulerAsyncPreemption) {
+		t.Errorf("SchedulerAsyncPreemption is on; the Deployment sets --feature-gates=%s", manifests.SchedulerFeatureGates)
+	}
 }
