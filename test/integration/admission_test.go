@@ -78,18 +78,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	// namespace, and in another that the operator labelled for high
 	// priority, as a team's members do. (The aggregated roles admin and edit
 	// are empty here: no controller manager fills them.)
-	prioritized, err := admin.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: e.ns + "-prioritized", Labels: map[string]string{manifests.HighPriorityLabel: manifests.HighPriorityAllowed},
-	}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = admin.CoreV1().Namespaces().Delete(context.Background(), prioritized.Name, metav1.DeleteOptions{})
-	})
-	for _, ns := range []string{e.ns, prioritized.Name} {
-		e.grantEditor(ns, "alice")
-	}
+	prioritized := e.editableNamespaces("-prioritized", map[string]string{manifests.HighPriorityLabel: manifests.HighPriorityAllowed}, "alice")
 	// A class an operator made, above the agent's high-task-priority
 	// threshold (100000).
 	const aboveThreshold = "tessera-test-production"
@@ -547,6 +536,24 @@ func legacyBind(client kubernetes.Interface, ns, pod, node string, annotations m
 		Param("dryRun", metav1.DryRunAll).Body(binding).Do(context.Background()).Error()
 }
 
+// editableNamespaces creates a namespace named after the test's with suffix
+// and the given labels, as an operator would, and lets user edit pods and
+// claims there and in the test's own namespace. It returns the new one.
+func (e *env) editableNamespaces(suffix string, labels map[string]string, user string) *v1.Namespace {
+	e.tCtx.Helper()
+	ns, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns + suffix, Labels: labels}}, metav1.CreateOptions{})
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	e.tCtx.Cleanup(func() {
+		_ = e.client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+	})
+	for _, name := range []string{e.ns, ns.Name} {
+		e.grantEditor(name, user)
+	}
+	return ns
+}
+
 // grantEditor lets user create and edit pods, resource claims and claim
 // templates in ns, and waits until the API server's authorizer agrees.
 func (e *env) grantEditor(ns, user string) {
@@ -604,19 +611,7 @@ func taskPriorityClaim(t *testing.T, ns, key, priority string) *resourceapi.Reso
 // no GPU, and a pod of an unlabelled namespace are left as they are.
 func TestSchedulerNamePolicy(t *testing.T) {
 	e := newEnv(t)
-	admin := e.client
-	labelled, err := admin.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: e.ns + "-spread", Labels: map[string]string{"tessera.io/scheduler-profile": "tessera-spread"},
-	}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = admin.CoreV1().Namespaces().Delete(context.Background(), labelled.Name, metav1.DeleteOptions{})
-	})
-	for _, ns := range []string{e.ns, labelled.Name} {
-		e.grantEditor(ns, "alice")
-	}
+	labelled := e.editableNamespaces("-spread", map[string]string{"tessera.io/scheduler-profile": "tessera-spread"}, "alice")
 	alice := clientAs(t, "alice")
 	created := func(ns, scheduler string, limits map[string]int64) string {
 		t.Helper()
