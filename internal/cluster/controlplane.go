@@ -7,6 +7,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/url"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -105,7 +107,7 @@ func Start(logf func(format string, args ...any), options ...Option) (cp *Contro
 		return nil, err
 	}
 	cp = &ControlPlane{Config: server.ClientConfig, Client: client, r: r}
-	if err := cp.install(); err != nil {
+	if err := cp.install(o.manifests); err != nil {
 		r.cleanup()
 		return nil, err
 	}
@@ -117,6 +119,8 @@ type Option func(*startOptions)
 
 type startOptions struct {
 	gangs bool
+	// manifests, when set, are installed instead of the embedded base.
+	manifests fs.FS
 }
 
 // WithGangScheduling serves the PodGroup API (scheduling.k8s.io/v1beta1)
@@ -126,10 +130,22 @@ type startOptions struct {
 // Permit until the whole gang fits.
 func WithGangScheduling() Option { return func(o *startOptions) { o.gangs = true } }
 
-// install applies the manifests' base and waits for its resource and its
-// admission policies.
-func (cp *ControlPlane) install() error {
-	objs, err := install.Render(install.Base)
+// WithManifests installs the kustomization at the root of fsys (an earlier
+// release's manifests, for an upgrade test) instead of the embedded base.
+// Start then waits for its resource to be served but not for today's
+// admission policies, which it may not have.
+func WithManifests(fsys fs.FS) Option { return func(o *startOptions) { o.manifests = fsys } }
+
+// install applies the manifests' base (or those of fsys, when set) and
+// waits for its resource and, for the base, its admission policies.
+func (cp *ControlPlane) install(fsys fs.FS) error {
+	var objs []*unstructured.Unstructured
+	var err error
+	if fsys != nil {
+		objs, err = install.RenderFS(fsys, install.Base)
+	} else {
+		objs, err = install.Render(install.Base)
+	}
 	if err != nil {
 		return err
 	}
@@ -143,6 +159,9 @@ func (cp *ControlPlane) install() error {
 	}
 	if err := install.WaitServed(ctx, cp.Config, time.Minute); err != nil {
 		return err
+	}
+	if fsys != nil {
+		return nil
 	}
 	return install.WaitEnforced(ctx, cp.Config, gpuinfo.DefaultResourceNames(), time.Minute)
 }
