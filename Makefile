@@ -30,7 +30,7 @@ FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 E2E_BIN  := $(CURDIR)/_output/e2e
 CONTAINERD_TAGS := no_btrfs no_devmapper no_zfs
 
-.PHONY: all build release-scheduler release-node-agent images demo test test-unit test-race fuzz test-monitoring e2e-node bench bench-throughput sim lint clean
+.PHONY: all build release release-scheduler release-node-agent images demo test test-unit test-race fuzz test-monitoring e2e-node bench bench-throughput sim lint clean
 
 all: build
 
@@ -47,10 +47,14 @@ release-scheduler:
 release-node-agent:
 	CGO_ENABLED=1 $(GO) build -trimpath -ldflags='-s -w $(VERSION_LDFLAGS)' -o $(BIN)/node-agent ./node-agent/cmd/node-agent
 
+## release: the three binaries for linux/amd64 and linux/arm64, SHA256SUMS and CycloneDX SBOMs into _output/release/$(VERSION)
+release:
+	VERSION=$(VERSION) GO=$(GO) hack/release.sh
+
 ## images: the scheduler and node-agent images (needs a container engine)
 images:
-	docker build -f cmd/scheduler/Dockerfile -t $(REGISTRY)/tessera-scheduler:$(VERSION) .
-	docker build -f node-agent/Dockerfile -t $(REGISTRY)/tessera-node-agent:$(VERSION) .
+	docker build --build-arg VERSION=$(VERSION) -f cmd/scheduler/Dockerfile -t $(REGISTRY)/tessera-scheduler:$(VERSION) .
+	docker build --build-arg VERSION=$(VERSION) -f node-agent/Dockerfile -t $(REGISTRY)/tessera-node-agent:$(VERSION) .
 
 ## demo: an embedded control plane, simulated GPU nodes, the scheduler, the example pods and a placement table
 ## (make demo ARGS=--once prints the table once and exits)
