@@ -15,6 +15,8 @@ VERSION=${VERSION:?set VERSION, e.g. VERSION=v0.1.0}
 GO=${GO:-go}
 CYCLONEDX=github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
 out=_output/release/$VERSION
+# -buildvcs=auto: the revision goes into the binaries (some environments set
+# GOFLAGS=-buildvcs=false).
 ldflags="-s -w -X github.com/tessera-gpu/tessera/internal/version.Version=$VERSION"
 
 cross_cc() {
@@ -38,9 +40,9 @@ mkdir -p "$out"
 for arch in amd64 arm64; do
   dir=$out/linux-$arch
   mkdir -p "$dir"
-  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags="$ldflags" -o "$dir/tessera-scheduler" ./cmd/scheduler
-  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -trimpath -ldflags="$ldflags" -o "$dir/kubectl-tessera" ./cmd/kubectl-tessera
-  CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$(cross_cc "$arch") $GO build -trimpath -ldflags="$ldflags" -o "$dir/node-agent" ./node-agent/cmd/node-agent
+  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -buildvcs=auto -trimpath -ldflags="$ldflags" -o "$dir/tessera-scheduler" ./cmd/scheduler
+  CGO_ENABLED=0 GOOS=linux GOARCH=$arch $GO build -buildvcs=auto -trimpath -ldflags="$ldflags" -o "$dir/kubectl-tessera" ./cmd/kubectl-tessera
+  CGO_ENABLED=1 GOOS=linux GOARCH=$arch CC=$(cross_cc "$arch") $GO build -buildvcs=auto -trimpath -ldflags="$ldflags" -o "$dir/node-agent" ./node-agent/cmd/node-agent
 done
 # One SBOM per binary: the Go modules it links, from the module graph.
 for main in cmd/scheduler:tessera-scheduler cmd/kubectl-tessera:kubectl-tessera node-agent/cmd/node-agent:node-agent; do
