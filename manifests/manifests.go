@@ -9,7 +9,7 @@ import "embed"
 // FS holds the kustomize base (kustomization.yaml and the directories it
 // names), the overlays and the examples, at their paths in this directory.
 //
-//go:embed kustomization.yaml base overlays examples
+//go:embed kustomization.yaml base overlays examples monitoring
 var FS embed.FS
 
 // SchedulerConfig is the KubeSchedulerConfiguration the base ships, the

@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/tessera-gpu/tessera/internal/fleet"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -66,24 +65,24 @@ func (m *memoryUsage) lookup(node, namespace, pod, container string, index int, 
 	return 0, false
 }
 
-// scrapeAgents reads the memory in use from the agents on nodes, through the
-// API server's pod proxy.
-func scrapeAgents(ctx context.Context, client kubernetes.Interface, nodes map[string]bool) *memoryUsage {
+// scrapeAgents reads the memory in use from the agents (in tesseraNamespace)
+// on nodes, through the API server's pod proxy.
+func scrapeAgents(ctx context.Context, client kubernetes.Interface, tesseraNamespace string, nodes map[string]bool) *memoryUsage {
 	m := &memoryUsage{used: map[usageKey]float64{}, nodes: map[string]bool{}}
-	agents, err := client.CoreV1().Pods(fleet.AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	agents, err := client.CoreV1().Pods(tesseraNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
 	if err != nil {
-		m.unavailable = append(m.unavailable, fmt.Sprintf("listing the node agent pods (%s) in namespace %s: %v", agentSelector, fleet.AgentNamespace, err))
+		m.unavailable = append(m.unavailable, fmt.Sprintf("listing the node agent pods (%s) in namespace %s: %v", agentSelector, tesseraNamespace, err))
 		return m
 	}
 	if len(agents.Items) == 0 {
-		m.unavailable = append(m.unavailable, fmt.Sprintf("no node agent pods (%s) in namespace %s", agentSelector, fleet.AgentNamespace))
+		m.unavailable = append(m.unavailable, fmt.Sprintf("no node agent pods (%s) in namespace %s", agentSelector, tesseraNamespace))
 		return m
 	}
-	token, err := client.CoreV1().ServiceAccounts(fleet.AgentNamespace).CreateToken(ctx, metricsReader, &authenticationv1.TokenRequest{
+	token, err := client.CoreV1().ServiceAccounts(tesseraNamespace).CreateToken(ctx, metricsReader, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(tokenLifetime.Seconds()))},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		m.unavailable = append(m.unavailable, fmt.Sprintf("requesting a token of ServiceAccount %s/%s to read the agents' metrics (bind the Role tessera-top): %v", fleet.AgentNamespace, metricsReader, err))
+		m.unavailable = append(m.unavailable, fmt.Sprintf("requesting a token of ServiceAccount %s/%s to read the agents' metrics (bind the Role tessera-top): %v", tesseraNamespace, metricsReader, err))
 		return m
 	}
 	byNode := map[string]*v1.Pod{}

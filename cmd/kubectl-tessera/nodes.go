@@ -110,7 +110,7 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 // the agent does not), or nil when the Leases cannot be read. A failure to read the Leases is a
 // warning: the cards are still shown.
 func agentsBlocking(ctx context.Context, g *globals, client kubernetes.Interface) map[string]agentState {
-	agents, err := fleet.Agents(ctx, client, fleet.AgentNamespace)
+	agents, err := fleet.Agents(ctx, client, g.tesseraNamespace)
 	if err != nil {
 		fmt.Fprintf(g.streams.ErrOut, "warning: agent heartbeats unknown: %v\n", err)
 		return nil

@@ -53,7 +53,7 @@ func runPod(ctx context.Context, g *globals, client kubernetes.Interface, ns, na
 	} else if err != nil {
 		return fmt.Errorf("getting pod %s/%s: %w", ns, name, err)
 	}
-	names, err := schedulerResourceNames(ctx, client, fleet.AgentNamespace)
+	names, err := schedulerResourceNames(ctx, client, g.tesseraNamespace)
 	if err != nil {
 		warn(g.streams.ErrOut, []error{fmt.Errorf("reading pods with Tessera's own resource names: %w", err)})
 		names = gpuinfo.DefaultResourceNames()

@@ -41,6 +41,9 @@ type globals struct {
 	config  *genericclioptions.ConfigFlags
 	streams genericiooptions.IOStreams
 	output  string
+	// tesseraNamespace is where Tessera is installed: the agents, their
+	// Leases and the scheduler's Deployment.
+	tesseraNamespace string
 }
 
 // newRootCommand returns `kubectl tessera` with its subcommands, writing to
@@ -64,6 +67,8 @@ is or is not placed, and what the containers on GPUs were given and use.`,
 	cmd.SetErr(streams.ErrOut)
 	g.config.AddFlags(cmd.PersistentFlags())
 	cmd.PersistentFlags().StringVarP(&g.output, "output", "o", "", "Output format: wide, json or yaml (default: a table)")
+	cmd.PersistentFlags().StringVar(&g.tesseraNamespace, "tessera-namespace", envOr(namespaceEnv, fleet.AgentNamespace),
+		"Namespace Tessera is installed in (the Helm chart's namespace.name; default from $"+namespaceEnv+")")
 	cmd.PersistentPreRunE = func(*cobra.Command, []string) error {
 		switch g.output {
 		case outputTable, outputWide, outputJSON, outputYAML:
@@ -74,21 +79,32 @@ is or is not placed, and what the containers on GPUs were given and use.`,
 	cmd.AddCommand(newNodesCommand(g), newPodCommand(g), newTopCommand(g), newVersionCommand(g))
 	for _, sub := range cmd.Commands() {
 		if run := sub.RunE; run != nil {
-			sub.RunE = func(c *cobra.Command, args []string) error { return explainForbidden(run(c, args)) }
+			sub.RunE = func(c *cobra.Command, args []string) error { return explainForbidden(run(c, args), g.tesseraNamespace) }
 		}
 	}
 	return cmd
 }
 
+// namespaceEnv, where set, is the default of --tessera-namespace.
+const namespaceEnv = "TESSERA_NAMESPACE"
+
+// envOr returns the environment variable key, or def where it is unset.
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
 // explainForbidden adds to an RBAC refusal which roles grant what the
-// plugin reads.
-func explainForbidden(err error) error {
+// plugin reads in tesseraNamespace.
+func explainForbidden(err error, tesseraNamespace string) error {
 	if !apierrors.IsForbidden(err) {
 		return err
 	}
 	return fmt.Errorf("%w\nkubectl tessera reads nodes, pods, resource slices and claims cluster-wide and the agents' Leases in %s: "+
 		"ask for the ClusterRole tessera-viewer and the Role tessera-viewer in %s (and the Role tessera-top there for top's memory in use)",
-		err, fleet.AgentNamespace, fleet.AgentNamespace)
+		err, tesseraNamespace, tesseraNamespace)
 }
 
 // client returns a clientset for the kubeconfig, context and server flags.

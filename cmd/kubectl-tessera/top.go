@@ -75,7 +75,7 @@ func runTop(ctx context.Context, g *globals, client kubernetes.Interface, ns str
 	warn(g.streams.ErrOut, problems)
 	usage := &memoryUsage{}
 	if len(rows) > 0 {
-		usage = scrapeAgents(ctx, client, nodes)
+		usage = scrapeAgents(ctx, client, g.tesseraNamespace, nodes)
 		for i := range rows {
 			r := &rows[i]
 			if v, ok := usage.lookup(r.Node, r.Namespace, r.Pod, r.Container, r.Card, r.UUID); ok {

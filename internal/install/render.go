@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	kyaml "sigs.k8s.io/kustomize/kyaml/yaml"
 
 	"github.com/tessera-gpu/tessera/manifests"
 )
@@ -30,6 +31,28 @@ func Render(dir string) ([]*unstructured.Unstructured, error) {
 
 // RenderFS builds the kustomization at dir of fsys.
 func RenderFS(fsys fs.FS, dir string) ([]*unstructured.Unstructured, error) {
+	nodes, err := RenderNodes(fsys, dir)
+	if err != nil {
+		return nil, err
+	}
+	objs := make([]*unstructured.Unstructured, 0, len(nodes))
+	for _, n := range nodes {
+		raw, err := n.MarshalJSON()
+		obj := &unstructured.Unstructured{}
+		if err == nil {
+			err = obj.UnmarshalJSON(raw)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("kustomize build %s: %s %s: %w", dir, n.GetKind(), n.GetName(), err)
+		}
+		objs = append(objs, obj)
+	}
+	return objs, nil
+}
+
+// RenderNodes builds the kustomization at dir of fsys and returns its
+// objects as YAML nodes, their fields in the order the files write them.
+func RenderNodes(fsys fs.FS, dir string) ([]*kyaml.RNode, error) {
 	mem := filesys.MakeFsInMemory()
 	const root = "/manifests"
 	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
@@ -49,19 +72,7 @@ func RenderFS(fsys fs.FS, dir string) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
 	}
-	var objs []*unstructured.Unstructured
-	for _, r := range resources.Resources() {
-		raw, err := r.MarshalJSON()
-		obj := &unstructured.Unstructured{}
-		if err == nil {
-			err = obj.UnmarshalJSON(raw)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("kustomize build %s: %s: %w", dir, r.CurId(), err)
-		}
-		objs = append(objs, obj)
-	}
-	return objs, nil
+	return resources.ToRNodeSlice(), nil
 }
 
 // Find returns the rendered object of that kind and name (for a generated
