@@ -30,7 +30,7 @@ FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
 E2E_BIN  := $(CURDIR)/_output/e2e
 CONTAINERD_TAGS := no_btrfs no_devmapper no_zfs
 
-.PHONY: all build release release-scheduler release-node-agent images demo test test-unit test-race fuzz test-monitoring e2e-node bench bench-throughput sim lint clean
+.PHONY: all build release release-scheduler release-node-agent images chart demo test test-unit test-race fuzz test-monitoring test-helm e2e-node bench bench-throughput sim lint clean
 
 all: build
 
@@ -56,13 +56,17 @@ images:
 	docker build --build-arg VERSION=$(VERSION) -f cmd/scheduler/Dockerfile -t $(REGISTRY)/tessera-scheduler:$(VERSION) .
 	docker build --build-arg VERSION=$(VERSION) -f node-agent/Dockerfile -t $(REGISTRY)/tessera-node-agent:$(VERSION) .
 
+## chart: regenerate charts/tessera from manifests/ (the chart is never edited by hand)
+chart:
+	$(GO) run ./hack/chartgen -o charts/tessera
+
 ## demo: an embedded control plane, simulated GPU nodes, the scheduler, the example pods and a placement table
 ## (make demo ARGS=--once prints the table once and exits)
 demo:
 	$(GO) run ./cmd/demo $(ARGS)
 
 ## test: every test; the race detector on the plugin and contract packages; each fuzz target briefly
-test: test-unit test-race fuzz test-monitoring
+test: test-unit test-race fuzz test-monitoring test-helm
 
 test-unit:
 	$(GO) test $$($(GO) list ./... | grep -v -e /pkg/plugins/ -e /pkg/ledger -e /pkg/allocator -e /pkg/gpuinfo -e /pkg/workload)
@@ -79,6 +83,10 @@ fuzz:
 ## test-monitoring: the alerts, monitors and dashboard in manifests/monitoring (test/monitoring, a module of its own)
 test-monitoring:
 	cd test/monitoring && $(GO) test -count=1 ./...
+
+## test-helm: charts/tessera rendered with Helm's library against kustomize's output (test/helm, a module of its own)
+test-helm:
+	cd test/helm && $(GO) test -count=1 ./...
 
 ## e2e-node: the node agent against a real containerd and runc (both built from their Go modules) with NRI;
 ## needs root and gcc (runc's nsenter is C). Builds them, ctr and the test image into _output/e2e.

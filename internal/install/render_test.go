@@ -1,6 +1,7 @@
 package install
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -297,6 +298,40 @@ func TestMonitoringRenders(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rendered objects (-want,+got):\n%s", diff)
+	}
+}
+
+// TestRenderingKeepsValues: kustomize writes its output as YAML text, which
+// kubectl (and the tests, and the Helm chart's generator) read back; the text
+// must hold the values the manifests' files wrote. It does not for a folded
+// (>-) block scalar with more-indented lines, which the YAML encoder writes
+// back with an extra line break: write those as literal (|-) blocks.
+func TestRenderingKeepsValues(t *testing.T) {
+	for _, dir := range []string{Base, "overlays/dra", "overlays/hami-names", "overlays/gang-scheduling", "monitoring"} {
+		nodes, err := RenderNodes(manifests.FS, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			var written any
+			if err := n.YNode().Decode(&written); err != nil {
+				t.Fatal(err)
+			}
+			var want, got any
+			raw, err := json.Marshal(written)
+			if err == nil {
+				err = json.Unmarshal(raw, &want)
+			}
+			if err == nil {
+				err = yaml.Unmarshal([]byte(n.MustString()), &got)
+			}
+			if err != nil {
+				t.Fatalf("%s: %s %s: %v", dir, n.GetKind(), n.GetName(), err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("%s: %s %s (-written in the file,+read from kustomize's output):\n%s", dir, n.GetKind(), n.GetName(), diff)
+			}
+		}
 	}
 }
 

@@ -56,6 +56,9 @@ profiles:
         args:
           nodePolicy: Binpack
           gpuPolicy: Binpack
+          # Where the node agents' heartbeat Leases are: the namespace the
+          # agents run in (the Helm chart's namespace.name sets it).
+          agentNamespace: {{ $.Values.namespace.name }}
           resourceNames:
             gpu: nvidia.com/gpu
             memory: nvidia.com/gpumem
@@ -101,6 +104,7 @@ profiles:
         args:
           nodePolicy: Spread
           gpuPolicy: Spread
+          agentNamespace: {{ $.Values.namespace.name }}
           resourceNames:
             gpu: nvidia.com/gpu
             memory: nvidia.com/gpumem
@@ -141,6 +145,7 @@ profiles:
         args:
           nodePolicy: FragmentationAware
           gpuPolicy: FragmentationAware
+          agentNamespace: {{ $.Values.namespace.name }}
           resourceNames:
             gpu: nvidia.com/gpu
             memory: nvidia.com/gpumem
@@ -193,6 +198,9 @@ profiles:
         args:
           nodePolicy: Binpack
           gpuPolicy: Binpack
+          # Where the node agents' heartbeat Leases are: the namespace the
+          # agents run in (the Helm chart's namespace.name sets it).
+          agentNamespace: {{ $.Values.namespace.name }}
       - name: NodeResourcesFit
         args:
           # GPUShare accounts for memory and compute per card. Its PreFilter
@@ -236,6 +244,7 @@ profiles:
         args:
           nodePolicy: Spread
           gpuPolicy: Spread
+          agentNamespace: {{ $.Values.namespace.name }}
       - name: NodeResourcesFit
         args:
           ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores]
@@ -271,6 +280,7 @@ profiles:
         args:
           nodePolicy: FragmentationAware
           gpuPolicy: FragmentationAware
+          agentNamespace: {{ $.Values.namespace.name }}
       - name: NodeResourcesFit
         args:
           ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores]
