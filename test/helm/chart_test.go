@@ -105,7 +105,7 @@ func TestImagesAndScheduling(t *testing.T) {
 			"resources":    resources,
 		},
 		"nodeAgent": map[string]any{
-			"image":        map[string]any{"repository": "agent"},
+			"image": map[string]any{"repository": "agent"},
 			// Helm merges maps into the defaults: null removes a default key.
 			"nodeSelector": map[string]any{"gpu": "yes", "nvidia.com/gpu.present": nil},
 			"tolerations":  []any{},
