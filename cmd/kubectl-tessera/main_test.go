@@ -311,6 +311,8 @@ func TestTop(t *testing.T) {
 		{name: "top-no-agents", args: []string{"top", "-A"}},
 		{name: "top-no-agents-namespace", args: []string{"top", "-n", "team-b", "-o", "wide"}},
 		{name: "top-no-agents-json", args: []string{"top", "-o", "json"}},
+		// An install in another namespace (the Helm chart's namespace.name).
+		{name: "top-tessera-namespace", args: []string{"top", "-A", "--tessera-namespace", "gpu-system"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkGolden(t, tc.name, result(kubectlTessera(t, tc.args...)))
