@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -26,6 +28,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/agent"
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
@@ -85,8 +88,9 @@ func freePort(t *testing.T) int {
 // installed RBAC and admission policies: both do their work (the agent
 // publishes, heartbeats, watches its node's pods and reports a failed card;
 // the scheduler places and binds a GPU pod with its assignment and serves
-// its secure port with delegated authentication), and the agent can do
-// nothing beyond it.
+// its secure port with delegated authentication), both serve every metric
+// the shipped alerts and dashboard read, and the agent can do nothing
+// beyond it.
 func TestInstalledIdentities(t *testing.T) {
 	e := newEnv(t)
 	node := e.agentNode("gpu", 2)
@@ -174,7 +178,7 @@ func TestInstalledIdentities(t *testing.T) {
 		t.Fatal(err)
 	}
 	tenantToken := e.serviceAccountToken(e.ns, "tenant", nil)
-	agentPort := e.serveAgentMetrics(agentClient, node, backend)
+	agentPort, collector := e.serveAgentMetrics(agentClient, node, backend)
 	bearer := func(name, token string) http.Header { return http.Header{name: {"Bearer " + token}} }
 	for _, tc := range []struct {
 		port   int
@@ -195,8 +199,56 @@ func TestInstalledIdentities(t *testing.T) {
 		{agentPort, "/metrics", bearer(gpuinfo.AgentMetricsTokenHeader, promToken), http.StatusOK},
 		{agentPort, "/metrics", bearer(gpuinfo.AgentMetricsTokenHeader, tenantToken), http.StatusForbidden},
 	} {
-		if got := e.httpsGet(tc.port, tc.path, tc.header); got != tc.want {
+		if got, _ := e.httpsGet(tc.port, tc.path, tc.header); got != tc.want {
 			t.Errorf("GET %s on port %d with %v: %d, want %d", tc.path, tc.port, slices.Collect(maps.Keys(tc.header)), got, tc.want)
+		}
+	}
+
+	// Every Tessera metric the shipped alerts and dashboard read is served
+	// on these ports (a name no component serves would leave an alert
+	// silent or firing for ever): the scheduler's with a pod placed and one
+	// pending, the agent's once it knows its cards and pods and has seen an
+	// XID error, as its loops would tell it.
+	e.create(e.podSpec("too-big", "tessera-binpack", map[string]int64{"tessera.io/gpu": 8}))
+	e.waitUnschedulable("too-big")
+	cards, err := backend.Cards()
+	if err != nil {
+		t.Fatal(err)
+	}
+	collector.Update(cards)
+	collector.SetPods(func() ([]*v1.Pod, error) {
+		list, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+		if err != nil {
+			return nil, err
+		}
+		pods := make([]*v1.Pod, len(list.Items))
+		for i := range list.Items {
+			pods[i] = &list.Items[i]
+		}
+		return pods, nil
+	})
+	collector.ObserveXID(cards[0].UUID, 79)
+	served := map[string]bool{}
+	for _, p := range []int{port, agentPort} {
+		e.waitFor(30*time.Second, "the pending pod's reason in the scheduler's metrics", func() (bool, error) {
+			code, body := e.httpsGet(p, "/metrics", bearer("Authorization", promToken))
+			if code != http.StatusOK {
+				return false, fmt.Errorf("GET /metrics on port %d: %d", p, code)
+			}
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			families, err := parser.TextToMetricFamilies(strings.NewReader(body))
+			if err != nil {
+				return false, fmt.Errorf("port %d serves metrics Prometheus cannot parse: %w", p, err)
+			}
+			for name := range families {
+				served[name] = true
+			}
+			return p != port || served["tessera_gpu_pending_pods"], nil
+		})
+	}
+	for _, name := range testutil.AlertMetrics(t) {
+		if !served[name] {
+			t.Errorf("the alerts or the dashboard read %s, which neither the scheduler nor the agent serves", name)
 		}
 	}
 
@@ -237,11 +289,12 @@ func (e *env) metricsReaderToken() string {
 }
 
 // httpsGet GETs path from a secure port on this machine (its certificate
-// is self-signed) with header, and returns the status code.
-func (e *env) httpsGet(port int, path string, header http.Header) int {
+// is self-signed) with header, and returns the status code and the body.
+func (e *env) httpsGet(port int, path string, header http.Header) (int, string) {
 	e.tCtx.Helper()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // a self-signed test server
 	var code int
+	var body []byte
 	e.waitFor(30*time.Second, fmt.Sprintf("an answer from port %d", port), func() (bool, error) {
 		req, err := http.NewRequestWithContext(e.tCtx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", port, path), nil)
 		if err != nil {
@@ -255,16 +308,18 @@ func (e *env) httpsGet(port int, path string, header http.Header) int {
 			return false, nil
 		}
 		defer resp.Body.Close()
-		_, _ = io.Copy(io.Discard, resp.Body)
 		code = resp.StatusCode
-		return true, nil
+		body, err = io.ReadAll(resp.Body)
+		return err == nil, nil
 	})
-	return code
+	return code, string(body)
 }
 
 // serveAgentMetrics serves the agent's metrics port as the agent does, with
-// client's identity reviewing the callers, on a free port of this machine.
-func (e *env) serveAgentMetrics(client kubernetes.Interface, node string, backend discovery.Backend) int {
+// client's identity reviewing the callers, on a free port of this machine;
+// it returns the port and the collector, for the test to feed as the
+// agent's loops would.
+func (e *env) serveAgentMetrics(client kubernetes.Interface, node string, backend discovery.Backend) (int, *metrics.Collector) {
 	e.tCtx.Helper()
 	guard, err := serving.NewGuard(client)
 	if err != nil {
@@ -290,5 +345,5 @@ func (e *env) serveAgentMetrics(client kubernetes.Interface, node string, backen
 			e.tCtx.Errorf("the agent's metrics port: %v", err)
 		}
 	})
-	return ln.Addr().(*net.TCPAddr).Port
+	return ln.Addr().(*net.TCPAddr).Port, collector
 }
