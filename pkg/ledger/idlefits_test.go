@@ -45,7 +45,7 @@ func TestIdleFitsAnswerAsPlacing(t *testing.T) {
 	add("sick", sick)
 	add("busy", testutil.Inventory("busy", "A100", 81920, 8))
 	busy := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1000, Cores: 10}}}
-	if _, err := l.Reserve(types.UID("on-busy"), "busy", orderOf(busy), busy, allocator.Strategy{Policy: allocator.Binpack}); err != nil {
+	if _, err := l.Reserve(types.UID("on-busy"), "busy", orderOf(busy), busy, nil, allocator.Strategy{Policy: allocator.Binpack}); err != nil {
 		t.Fatal(err)
 	}
 

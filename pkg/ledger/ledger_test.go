@@ -194,7 +194,7 @@ func TestLedgerProperties(t *testing.T) {
 					// their answers must agree.
 					policy := allocator.Policy(r.Intn(3))
 					fits, err := l.Fit(node, req, nil, allocator.Strategy{Policy: policy})
-					a, rerr := l.Reserve(uid, node, orderOf(req), req, allocator.Strategy{Policy: policy, Workload: testWorkload, CPUFreeMilli: 4000, CPUMilli: 1000})
+					a, rerr := l.Reserve(uid, node, orderOf(req), req, nil, allocator.Strategy{Policy: policy, Workload: testWorkload, CPUFreeMilli: 4000, CPUMilli: 1000})
 					if err == nil && fits.Fits != (rerr == nil) {
 						t.Fatalf("step %d: Fit says %v, Reserve says %v", step, fits.Fits, rerr)
 					}
@@ -248,7 +248,7 @@ func TestInventoryShrinkUnderRunningPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 4, Cores: 100}}}
-	a, err := l.Reserve("p", "n", orderOf(req), req, allocator.Strategy{Policy: allocator.Binpack})
+	a, err := l.Reserve("p", "n", orderOf(req), req, nil, allocator.Strategy{Policy: allocator.Binpack})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func TestConcurrentFit(t *testing.T) {
 	}
 	for i := 0; i < 300; i++ {
 		uid := types.UID(fmt.Sprint("p", i))
-		if _, err := l.Reserve(uid, fmt.Sprint("n", i%8), orderOf(req), req, allocator.Strategy{Policy: allocator.Binpack}); err == nil && i%2 == 0 {
+		if _, err := l.Reserve(uid, fmt.Sprint("n", i%8), orderOf(req), req, nil, allocator.Strategy{Policy: allocator.Binpack}); err == nil && i%2 == 0 {
 			l.RemovePod(uid)
 		}
 	}

@@ -98,9 +98,10 @@ func (l *Ledger) FitWithoutGPU(nodeName string, st allocator.Strategy) (allocato
 	return allocator.PlaceWithoutGPU(n.cards, n.used, st), nil
 }
 
-// Reserve places the pod on the node and records it as assumed. It returns
-// the assignment, or an error when the pod no longer fits.
-func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, st allocator.Strategy) (*gpuinfo.Assignment, error) {
+// Reserve places the pod on the node, as adjusted by deltas (what nominated
+// pods will hold there), and records it as assumed. It returns the
+// assignment, or an error when the pod no longer fits.
+func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy) (*gpuinfo.Assignment, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.removePodLocked(uid)
@@ -109,7 +110,7 @@ func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedCo
 		return nil, fmt.Errorf("node %s: %w", nodeName, ErrNoInventory)
 	}
 	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
-	out := allocator.Place(n.cards, n.used, nil, req, st, a)
+	out := allocator.Place(n.cards, n.used, deltas, req, st, a)
 	if !out.Fits {
 		return nil, fmt.Errorf("%s", out.Failure.Message(req.Selector.String()))
 	}

@@ -271,3 +271,128 @@ func TestNominatedPodKeepsItsCard(t *testing.T) {
 	}
 	e.checkNoOvercommit(t)
 }
+
+// waitNominated waits for the preemptor's nomination and for a victim of it
+// to be terminating (no kubelet confirms deletions in these tests, so the
+// victim stays so until the test deletes it), and returns that victim.
+func (e *env) waitNominated(preemptor string) *v1.Pod {
+	e.tCtx.Helper()
+	var victim *v1.Pod
+	e.waitFor(30*time.Second, preemptor+"'s nomination and its victim", func() (bool, error) {
+		pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		nominated := false
+		for i := range pods.Items {
+			p := &pods.Items[i]
+			if p.DeletionTimestamp != nil && hasDisruptionTarget(p) {
+				victim = p
+			}
+			nominated = nominated || (p.Name == preemptor && p.Status.NominatedNodeName != "")
+		}
+		return victim != nil && nominated, nil
+	})
+	return victim
+}
+
+// hasDisruptionTarget reports whether the scheduler marked the pod evicted
+// by preemption.
+func hasDisruptionTarget(p *v1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == v1.DisruptionTarget && c.Reason == v1.PodReasonPreemptionByScheduler {
+			return true
+		}
+	}
+	return false
+}
+
+// finishDeletion ends a pod's termination, as its kubelet would.
+func (e *env) finishDeletion(name string) {
+	e.tCtx.Helper()
+	if err := e.client.CoreV1().Pods(e.ns).Delete(e.tCtx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}); err != nil && !apierrors.IsNotFound(err) {
+		e.tCtx.Fatal(err)
+	}
+}
+
+// TestNominationHoldsItsCardsFromPeers: while a preemptor's victim is still
+// terminating, a pod of the preemptor's own priority — which it may not
+// preempt — races it for the node. The peer fits there now on either card;
+// the spread profile would put it on the card the victim is freeing, where
+// the preemptor will not fit beside it. The nomination holds that card: the
+// peer takes the other one, and the preemptor gets the card it evicted for.
+func TestNominationHoldsItsCardsFromPeers(t *testing.T) {
+	e := newEnv(t)
+	e.priorityClasses()
+	node := e.node("two", cluster.A100, 2, nil)
+	e.startScheduler()
+	gib := func(n int64) map[string]int64 {
+		return map[string]int64{"tessera.io/gpu-memory": n * 1024, "tessera.io/gpu-cores": 10}
+	}
+	e.create(e.prioritized("victim", lowPriority, gib(60)))
+	victimCard := placementOf(t, e.waitBound(30*time.Second, "victim")["victim"]).Cards[0]
+	e.create(e.prioritized("keeper", highPriority, gib(62)))
+	keeperCard := placementOf(t, e.waitBound(30*time.Second, "keeper")["keeper"]).Cards[0]
+	if keeperCard == victimCard {
+		t.Fatalf("keeper shares card %d with the victim; the test needs them apart", keeperCard)
+	}
+	// 70 GiB: only the victim's card, once the victim is gone.
+	e.create(e.prioritized("urgent", highPriority, gib(70)))
+	if v := e.waitNominated("urgent"); v.Name != "victim" {
+		t.Fatalf("the preemptor evicted %s, want victim", v.Name)
+	}
+	peer := e.podSpec("peer", "tessera-spread", gib(15))
+	peer.Spec.PriorityClassName = highPriority
+	e.create(peer)
+	if got := placementOf(t, e.waitBound(30*time.Second, "peer")["peer"]); got.Node != node || got.Cards[0] != keeperCard {
+		t.Errorf("the peer was placed on %+v, want card %d (the keeper's): the victim's card is the preemptor's", got, keeperCard)
+	}
+	e.finishDeletion("victim")
+	if got := placementOf(t, e.waitBound(30*time.Second, "urgent")["urgent"]); got.Node != node || got.Cards[0] != victimCard {
+		t.Errorf("the preemptor was placed on %+v, want the card it evicted for (%d)", got, victimCard)
+	}
+	e.checkNoOvercommit(t)
+}
+
+// TestTenantGracePeriodDoesNotPinThePreemptor: a preemptor nominated to a
+// node waits there only for its own victims. A tenant's pod there that its
+// owner deleted with a day's grace period (terminating, lower priority, but
+// no victim of the scheduler) does not keep the preemptor from a card that
+// frees elsewhere once its victim is gone.
+func TestTenantGracePeriodDoesNotPinThePreemptor(t *testing.T) {
+	e := newEnv(t)
+	e.priorityClasses()
+	nominated := e.node("nominated", cluster.A100, 1, nil)
+	e.startScheduler()
+	half := map[string]int64{"tessera.io/gpu-memory": 40960, "tessera.io/gpu-cores": 10}
+	e.create(e.prioritized("victim", lowPriority, half))
+	tenant := e.prioritized("tenant", lowPriority, half)
+	tenant.Spec.TerminationGracePeriodSeconds = ptr.To(int64(86400))
+	e.create(tenant)
+	for name, p := range e.waitBound(30*time.Second, "victim", "tenant") {
+		if p.Spec.NodeName != nominated {
+			t.Fatalf("%s was placed on %s, want %s", name, p.Spec.NodeName, nominated)
+		}
+	}
+	elsewhere := e.node("elsewhere", cluster.A100, 1, nil)
+	e.create(e.prioritized("occupant", highPriority, map[string]int64{"tessera.io/gpu": 1}))
+	if p := e.waitBound(30*time.Second, "occupant")["occupant"]; p.Spec.NodeName != elsewhere {
+		t.Fatalf("occupant was placed on %s, want %s", p.Spec.NodeName, elsewhere)
+	}
+	// The tenant deletes its pod; its preStop would sleep for the day.
+	if err := e.client.CoreV1().Pods(e.ns).Delete(e.tCtx, "tenant", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.create(e.prioritized("urgent", highPriority, map[string]int64{"tessera.io/gpu": 1}))
+	if v := e.waitNominated("urgent"); v.Name != "victim" {
+		t.Fatalf("the preemptor evicted %s, want victim", v.Name)
+	}
+	e.finishDeletion("victim")
+	// The tenant's pod still holds half the nominated node's card; the card
+	// elsewhere frees.
+	e.finishDeletion("occupant")
+	if p := e.waitBound(30*time.Second, "urgent")["urgent"]; p.Spec.NodeName != elsewhere {
+		t.Errorf("the preemptor was placed on %s, want %s", p.Spec.NodeName, elsewhere)
+	}
+	e.checkNoOvercommit(t)
+}

@@ -22,8 +22,10 @@ import (
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	internalcache "k8s.io/kubernetes/pkg/scheduler/backend/cache"
+	internalqueue "k8s.io/kubernetes/pkg/scheduler/backend/queue"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+	schedmetrics "k8s.io/kubernetes/pkg/scheduler/metrics"
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
@@ -108,10 +110,12 @@ func harnessOf(t testing.TB, a *config.GPUShareArgs, reporting bool, objs ...run
 			nodes = append(nodes, o)
 		}
 	}
+	schedmetrics.Register() // the scheduling queue, the framework's pod nominator, records into them
 	fh, err := frameworkruntime.NewFramework(tCtx, nil, nil,
 		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(pods, nodes)),
 		frameworkruntime.WithClientSet(client), frameworkruntime.WithInformerFactory(factory),
-		frameworkruntime.WithEventRecorder(recorder), frameworkruntime.WithPodActivator(activator))
+		frameworkruntime.WithEventRecorder(recorder), frameworkruntime.WithPodActivator(activator),
+		frameworkruntime.WithPodNominator(internalqueue.NewSchedulingQueue(nil, factory)))
 	if err != nil {
 		t.Fatal(err)
 	}

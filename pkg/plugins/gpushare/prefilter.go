@@ -6,10 +6,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/cache"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
-	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
@@ -37,7 +34,7 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	cards := p.fitView.narrow(ctx, state, pod)
 	state.Write(stateKey, &cycleState{req: req, order: gpuinfo.ContainerOrder(pod), selector: truncate(req.Selector.String(), maxQuoted), cards: cards,
 		reservations: p.reservations.against(pod), silentBefore: p.silentBefore(), cycle: p.records.newCycle(), idleFits: &ledger.IdleFits{}})
-	if res := p.awaitVictims(pod); res != nil {
+	if res := p.awaitVictims(pod, time.Now()); res != nil {
 		return res, nil
 	}
 	return p.prune(pod, getState(state)), nil
@@ -50,29 +47,6 @@ func (p *Plugin) silentBefore() int64 {
 		return math.MinInt64
 	}
 	return time.Now().Add(-p.agentTimeout).UnixNano()
-}
-
-// awaitVictims keeps a preemptor to the node it was nominated to while the
-// pods it evicted there are still terminating: otherwise room appearing
-// elsewhere first would let it bind there, and its victims would have been
-// evicted for nothing.
-func (p *Plugin) awaitVictims(pod *v1.Pod) *fwk.PreFilterResult {
-	nominated := pod.Status.NominatedNodeName
-	lister := p.handle.SnapshotSharedLister()
-	if nominated == "" || lister == nil {
-		return nil
-	}
-	nodeInfo, err := lister.NodeInfos().Get(nominated)
-	if err != nil {
-		return nil
-	}
-	priority := corev1helpers.PodPriority(pod)
-	for _, pi := range nodeInfo.GetPods() {
-		if victim := pi.GetPod(); victim.DeletionTimestamp != nil && corev1helpers.PodPriority(victim) < priority {
-			return &fwk.PreFilterResult{NodeNames: sets.New(nominated)}
-		}
-	}
-	return nil
 }
 
 // waitForLedger blocks until the ledger's informer handlers have seen every
@@ -98,29 +72,14 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 
 // AddPod accounts for a pod the framework adds to a node hypothetically: a
 // pod the ledger knows (a preemption victim being reprieved) with its own
-// cards, a nominated pod with the cards it would get.
+// cards, a nominated pod with the cards it will get (nominatedDeltas).
 func (p *Plugin) AddPod(ctx context.Context, state fwk.CycleState, _ *v1.Pod, podInfoToAdd fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := getState(state)
-	added := podInfoToAdd.GetPod()
-	nodeName := nodeInfo.Node().Name
 	if s == nil {
 		return nil
 	}
-	if d := p.ledger.PodDeltas(added.UID, nodeName, 1); d != nil {
-		s.addDeltas(nodeName, d)
-		return nil
-	}
-	req, err := gpuinfo.ParsePodRequest(added, p.names)
-	if err != nil || req == nil {
-		return nil
-	}
-	st := allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(p.reservations.against(added), nodeInfo.Node())}
-	d, ok := p.ledger.Simulate(nodeName, gpuinfo.ContainerOrder(added), req, s.deltas[nodeName], st)
-	if !ok {
-		klog.FromContext(ctx).V(4).Info("Nominated pod does not fit its node's GPUs", "pod", klog.KObj(added), "node", nodeName)
-		return nil
-	}
-	s.addDeltas(nodeName, d)
+	nodeName := nodeInfo.Node().Name
+	s.addDeltas(nodeName, p.nominatedDeltas(ctx, podInfoToAdd.GetPod(), nodeInfo, s.deltas[nodeName]))
 	return nil
 }
 

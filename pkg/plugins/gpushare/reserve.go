@@ -12,13 +12,16 @@ import (
 )
 
 // Reserve chooses the pod's cards on the node and records them in the ledger
-// as assumed, so the next pods see them taken before the pod is bound.
+// as assumed, so the next pods see them taken before the pod is bound. The
+// cards that pods nominated there will hold are not chosen, as Filter did
+// not count them.
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s := getState(state)
 	if s == nil {
 		return nil
 	}
 	st := allocator.Strategy{Policy: p.gpuPolicy}
+	var nominated []allocator.Delta
 	if lister := p.handle.SnapshotSharedLister(); lister != nil {
 		if nodeInfo, err := lister.NodeInfos().Get(nodeName); err == nil {
 			var w *allocator.Workload
@@ -26,9 +29,10 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 				w = p.workload()
 			}
 			st = p.strategy(w, s.reservations, nodeInfo, podCPUMilli(pod))
+			nominated = p.nominatedOn(ctx, pod, nodeInfo)
 		}
 	}
-	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, st)
+	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, nominated, st)
 	if err != nil {
 		return fwk.NewStatus(fwk.Unschedulable, err.Error())
 	}

@@ -1,0 +1,123 @@
+package gpushare
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/preemption"
+
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// maxVictimWait bounds how long a preemptor is held to the node of its
+// victims (awaitVictims): a victim with a long grace period (a preStop hook
+// that sleeps) cannot keep it from room elsewhere for longer.
+const maxVictimWait = 5 * time.Minute
+
+// nominatedDeltas returns, on top of base, what a nominated pod will hold on
+// the node: upstream's nominated-pod semantics, card by card. A pod the
+// ledger places there already (a preemption victim reprieved in a dry run)
+// holds its own cards. A preemptor that does not fit yet, because its
+// victims still hold their cards, is placed as it will be once they are
+// gone: the cards it will get are kept from the pods it outranks or equals,
+// whichever cards they would otherwise choose. Nil when it cannot be placed
+// even so.
+func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInfo fwk.NodeInfo, base []allocator.Delta) []allocator.Delta {
+	node := nodeInfo.Node()
+	if d := p.ledger.PodDeltas(nominated.UID, node.Name, 1); d != nil {
+		return d
+	}
+	req, err := gpuinfo.ParsePodRequest(nominated, p.names)
+	if err != nil || req == nil {
+		return nil
+	}
+	order := gpuinfo.ContainerOrder(nominated)
+	st := allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(p.reservations.against(nominated), node)}
+	if d, ok := p.ledger.Simulate(node.Name, order, req, base, st); ok {
+		return d
+	}
+	freed := slices.Clone(base)
+	for _, pi := range nodeInfo.GetPods() {
+		if victim := pi.GetPod(); victimOf(victim, nominated) {
+			freed = append(freed, p.ledger.PodDeltas(victim.UID, node.Name, -1)...)
+		}
+	}
+	if len(freed) > len(base) {
+		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st); ok {
+			return d
+		}
+	}
+	klog.FromContext(ctx).V(4).Info("Nominated pod does not fit its node's GPUs, even without its victims", "pod", klog.KObj(nominated), "node", node.Name)
+	return nil
+}
+
+// nominatedOn returns the deltas of the pods nominated to the node that the
+// framework counts against pod: those of its priority or higher, as in
+// Filter, so that Reserve chooses among the cards Filter left it.
+func (p *Plugin) nominatedOn(ctx context.Context, pod *v1.Pod, nodeInfo fwk.NodeInfo) []allocator.Delta {
+	var deltas []allocator.Delta
+	priority := corev1helpers.PodPriority(pod)
+	for _, pi := range p.handle.NominatedPodsForNode(nodeInfo.Node().Name) {
+		if n := pi.GetPod(); n.UID != pod.UID && corev1helpers.PodPriority(n) >= priority {
+			deltas = append(deltas, p.nominatedDeltas(ctx, n, nodeInfo, deltas)...)
+		}
+	}
+	return deltas
+}
+
+// victimOf reports whether pod is being terminated by the scheduler's
+// preemption (its DisruptionTarget condition, which only the scheduler sets
+// on a pod it evicts) and ranks below preemptor: the pods whose cards a
+// preemptor on their node waits for. A pod its owner deleted, however long
+// its grace period, is not one.
+func victimOf(pod, preemptor *v1.Pod) bool {
+	return preemption.PodTerminatingByPreemption(pod) && corev1helpers.PodPriority(pod) < corev1helpers.PodPriority(preemptor)
+}
+
+// holdUntil is when a victim stops holding its preemptor to its node: its
+// deletion deadline (the deletion plus its grace period), and no later than
+// maxVictimWait after the preemption.
+func holdUntil(victim *v1.Pod) time.Time {
+	until := victim.DeletionTimestamp.Time
+	for _, c := range victim.Status.Conditions {
+		if c.Type == v1.DisruptionTarget && !c.LastTransitionTime.IsZero() {
+			if limit := c.LastTransitionTime.Add(maxVictimWait); limit.Before(until) {
+				until = limit
+			}
+		}
+	}
+	return until
+}
+
+// awaitVictims keeps a preemptor to the node it was nominated to while its
+// victims there are still terminating, up to holdUntil: otherwise room
+// appearing elsewhere first would let it bind there, and its victims would
+// have been evicted for nothing. Only pods the scheduler is evicting count
+// (victimOf), so a tenant's own pod with a long grace period cannot pin it.
+// Which preemptor chose which victim is not recorded: a lower-priority pod
+// evicted for another preemptor on the same node holds it too, as upstream's
+// eligibility check has it, and this holds after a scheduler restart alike.
+func (p *Plugin) awaitVictims(pod *v1.Pod, now time.Time) *fwk.PreFilterResult {
+	nominated := pod.Status.NominatedNodeName
+	lister := p.handle.SnapshotSharedLister()
+	if nominated == "" || lister == nil {
+		return nil
+	}
+	nodeInfo, err := lister.NodeInfos().Get(nominated)
+	if err != nil {
+		return nil
+	}
+	for _, pi := range nodeInfo.GetPods() {
+		if victim := pi.GetPod(); victimOf(victim, pod) && now.Before(holdUntil(victim)) {
+			return &fwk.PreFilterResult{NodeNames: sets.New(nominated)}
+		}
+	}
+	return nil
+}
