@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
+	"slices"
 	"testing"
 	"time"
 
@@ -20,11 +21,20 @@ import (
 // (name-0 …), each asking for limits; it returns the pods' names.
 func (e *env) gang(name string, minCount int, limits map[string]int64) []string {
 	e.tCtx.Helper()
+	return e.prioritizedGang(name, "", minCount, limits)
+}
+
+// prioritizedGang is gang with the members in a priority class.
+func (e *env) prioritizedGang(name, class string, minCount int, limits map[string]int64) []string {
+	e.tCtx.Helper()
 	pg := &schedulingv1beta1.PodGroup{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: schedulingv1beta1.PodGroupSpec{SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{
-			Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: int32(minCount)},
-		}},
+		Spec: schedulingv1beta1.PodGroupSpec{
+			SchedulingPolicy: schedulingv1beta1.PodGroupSchedulingPolicy{
+				Gang: &schedulingv1beta1.GangSchedulingPolicy{MinCount: int32(minCount)},
+			},
+			PriorityClassName: class,
+		},
 	}
 	if _, err := e.client.SchedulingV1beta1().PodGroups(e.ns).Create(e.tCtx, pg, metav1.CreateOptions{}); err != nil {
 		e.tCtx.Fatal(err)
@@ -33,6 +43,7 @@ func (e *env) gang(name string, minCount int, limits map[string]int64) []string 
 	for i := 0; i < minCount; i++ {
 		pod := e.podSpec(fmt.Sprintf("%s-%d", name, i), "tessera-binpack", limits)
 		pod.Spec.SchedulingGroup = &v1.PodSchedulingGroup{PodGroupName: ptr.To(name)}
+		pod.Spec.PriorityClassName = class
 		e.create(pod)
 		names = append(names, pod.Name)
 	}
@@ -99,6 +110,31 @@ func TestGangBindsWhole(t *testing.T) {
 	e.waitBound(60*time.Second, workers...)
 	if n := e.checkNoOvercommit(t); n != 5 {
 		t.Errorf("%d GPU pods bound, want 5", n)
+	}
+}
+
+// TestGangPreemptsGPUPods: a high-priority gang that fits only once
+// lower-priority pods are gone evicts them — kube-scheduler's pod-group
+// preemption, whose dry run removes its potential victims from its snapshot
+// without telling the plugins — and binds whole on the cards they held.
+func TestGangPreemptsGPUPods(t *testing.T) {
+	e := newEnv(t)
+	e.priorityClasses()
+	e.node("a", cluster.A100, 2, nil)
+	e.startScheduler()
+	k := e.startKubelet()
+	low := []string{"low-0", "low-1"}
+	for _, name := range low {
+		e.create(e.prioritized(name, lowPriority, map[string]int64{"tessera.io/gpu": 1}))
+	}
+	e.waitBound(30*time.Second, low...)
+	workers := e.prioritizedGang("train", highPriority, 2, map[string]int64{"tessera.io/gpu": 1})
+	e.waitBound(60*time.Second, workers...)
+	if evicted := k.evicted(); !slices.Equal(evicted, low) {
+		t.Errorf("evicted %v, want %v", evicted, low)
+	}
+	if n := e.checkNoOvercommit(t); n != 2 {
+		t.Errorf("%d GPU pods bound, want the gang's 2", n)
 	}
 }
 

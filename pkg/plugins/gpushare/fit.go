@@ -2,7 +2,10 @@ package gpushare
 
 import (
 	"errors"
+	"slices"
 
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
@@ -13,26 +16,46 @@ import (
 // fit places the pod on the node's ledger entry for Filter and Score. The
 // ledger is fed by its own informer handler, which may lag the scheduler's
 // snapshot by a moment; so fit first brings the entry up to what the snapshot
-// shows — the node's inventory annotation — and, when the pod does not fit
-// for lack of capacity, drops pods the API no longer has before answering.
-// Otherwise a pod tried in that moment would be rejected on stale data and
-// wait for an unrelated event.
+// shows — the node's inventory annotation — and, where the ledger holds bound
+// pods the NodeInfo does not, leaves them out (absentDeltas). Otherwise a pod
+// tried in that moment would be rejected on stale data and wait for an
+// unrelated event.
 func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, rec *nodeRecord, st allocator.Strategy) (allocator.Outcome, error) {
 	node := nodeInfo.Node()
 	deltas := s.deltas[node.Name]
+	if p.mayBeStale(nodeInfo, rec) {
+		deltas = append(slices.Clone(deltas), p.absentDeltas(s, nodeInfo)...)
+	}
 	out, err := p.ledger.FitCurrent(node, s.req, deltas, st, s.idleFits)
 	if errors.Is(err, ledger.ErrStaleInventory) {
 		p.onNode(node)
 		out, err = p.ledger.Fit(node.Name, s.req, deltas, st)
 	}
-	if err != nil || out.Fits || len(deltas) > 0 {
-		return out, err
-	}
-	if k := out.Failure.Kind; (k == allocator.NoCapacity || k == allocator.TooFewCards) &&
-		p.mayBeStale(nodeInfo, rec) && p.dropDeletedPods(node.Name) {
-		return p.ledger.Fit(node.Name, s.req, deltas, st)
-	}
 	return out, err
+}
+
+// absentDeltas takes out of the node's ledger entry the bound pods the
+// NodeInfo does not hold: the NodeInfo is authoritative. They are pods the
+// API has deleted before the ledger's handler heard of it (dropped from the
+// ledger here for good), or pods a preemption dry run removed from its
+// snapshot without telling the plugin — kube-scheduler's pod-group
+// preemption removes its potential victims so — unless RemovePod already took
+// them out. Assumed pods (reserved in this or an earlier cycle, not yet
+// bound) are never left out: the snapshot may not show them yet.
+func (p *Plugin) absentDeltas(s *cycleState, nodeInfo fwk.NodeInfo) []allocator.Delta {
+	node := nodeInfo.Node().Name
+	p.dropDeletedPods(node)
+	present := sets.New[types.UID]()
+	for _, pi := range nodeInfo.GetPods() {
+		present.Insert(pi.GetPod().UID)
+	}
+	var deltas []allocator.Delta
+	for _, uid := range p.ledger.BoundPods(node) {
+		if !present.Has(uid) && !s.removed[node].Has(uid) {
+			deltas = append(deltas, p.ledger.PodDeltas(uid, node, -1)...)
+		}
+	}
+	return deltas
 }
 
 // mayBeStale reports whether the ledger may still hold a pod the scheduler's

@@ -84,7 +84,7 @@ func TestFragmentationAwareScore(t *testing.T) {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			h := newHarness(t, args(tc.policy, tc.policy), objs...)
 			learnHalfCards(h)
-			if diff := cmp.Diff(tc.want, scoreNodes(t, h, pod, nodeInfo(tight), nodeInfo(roomy))); diff != "" {
+			if diff := cmp.Diff(tc.want, scoreNodes(t, h, pod, h.nodeInfo(tight), h.nodeInfo(roomy))); diff != "" {
 				t.Errorf("scores (-want,+got):\n%s", diff)
 			}
 		})
@@ -126,7 +126,7 @@ func TestFragmentationAwareScoresPodsWithoutGPUs(t *testing.T) {
 	h := newHarness(t, args(config.PolicyFragmentationAware, config.PolicyBinpack), small, large)
 	learnHalfCards(h)
 	want := fwk.NodeScoreList{{Name: "small", Score: 99}, {Name: "large", Score: 100}}
-	if diff := cmp.Diff(want, scoreNodes(t, h, cpuPod, nodeInfo(small), nodeInfo(large))); diff != "" {
+	if diff := cmp.Diff(want, scoreNodes(t, h, cpuPod, h.nodeInfo(small), h.nodeInfo(large))); diff != "" {
 		t.Errorf("scores (-want,+got):\n%s", diff)
 	}
 	if w := h.plugin.learner.Workload(); w.Shapes[0].Container.Cores != 50 || w.Shapes[0].CPUMilli != 4000 {
@@ -164,7 +164,7 @@ func TestFragmentationAwareKeepsScarceModels(t *testing.T) {
 		h.plugin.PreFilter(h.ctx, framework.NewCycleState(), pod.Obj(), nil)
 	}
 	pod := gpuPod("p", map[v1.ResourceName]string{"tessera.io/gpu": "1"}).Obj()
-	scores := scoreNodes(t, h, pod, nodeInfo(t4), nodeInfo(g2a), nodeInfo(g2b))
+	scores := scoreNodes(t, h, pod, h.nodeInfo(t4), h.nodeInfo(g2a), h.nodeInfo(g2b))
 	if scores[0].Score >= scores[1].Score || scores[1].Score != scores[2].Score {
 		t.Errorf("scores %v: want both G2 nodes alike and above the T4 node", scores)
 	}

@@ -3,6 +3,7 @@ package gpushare
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -136,8 +137,15 @@ func harnessOf(t testing.TB, a *config.GPUShareArgs, reporting bool, objs ...run
 	return &harness{ctx: tCtx, plugin: pl, client: client, recorder: recorder, activator: activator}
 }
 
-func nodeInfo(node *v1.Node) fwk.NodeInfo {
+// nodeInfo is the scheduler's view of node as the harness's snapshot holds
+// it: the node object given (which may be newer) and the pods bound to it.
+func (h *harness) nodeInfo(node *v1.Node) fwk.NodeInfo {
 	ni := framework.NewNodeInfo()
+	if snapshot, err := h.plugin.handle.SnapshotSharedLister().NodeInfos().Get(node.Name); err == nil {
+		for _, pi := range snapshot.GetPods() {
+			ni.AddPodInfo(pi)
+		}
+	}
 	ni.SetNode(node)
 	return ni
 }
@@ -222,7 +230,7 @@ func TestFilter(t *testing.T) {
 			if _, s := h.plugin.PreFilter(h.ctx, state, tc.pod, nil); !s.IsSuccess() {
 				t.Fatalf("PreFilter: %v", s)
 			}
-			status := h.plugin.Filter(h.ctx, state, tc.pod, nodeInfo(tc.node))
+			status := h.plugin.Filter(h.ctx, state, tc.pod, h.nodeInfo(tc.node))
 			if status.Code() != tc.wantCode || status.Message() != tc.wantMsg {
 				t.Errorf("status = %v %q, want %v %q", status.Code(), status.Message(), tc.wantCode, tc.wantMsg)
 			}
@@ -264,7 +272,7 @@ func TestScore(t *testing.T) {
 		for _, filterFirst := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/after Filter %v", tc.policy, filterFirst), func(t *testing.T) {
 				h := newHarness(t, args(tc.policy, tc.policy), used, empty, running)
-				got := scoreNodesAfter(t, h, pod, filterFirst, nodeInfo(used), nodeInfo(empty))
+				got := scoreNodesAfter(t, h, pod, filterFirst, h.nodeInfo(used), h.nodeInfo(empty))
 				if diff := cmp.Diff(tc.want, got); diff != "" {
 					t.Errorf("scores (-want,+got):\n%s", diff)
 				}
@@ -289,7 +297,7 @@ func TestPodsWithoutGPUsStrandTheLeastGPU(t *testing.T) {
 	for _, policy := range []config.Policy{config.PolicyBinpack, config.PolicySpread, config.PolicyFragmentationAware} {
 		t.Run(string(policy), func(t *testing.T) {
 			h := newHarness(t, args(policy, config.PolicyBinpack), append([]runtime.Object{cpuOnly, full, half, empty}, holders...)...)
-			scores := scoreNodes(t, h, pod, nodeInfo(cpuOnly), nodeInfo(full), nodeInfo(half), nodeInfo(empty))
+			scores := scoreNodes(t, h, pod, h.nodeInfo(cpuOnly), h.nodeInfo(full), h.nodeInfo(half), h.nodeInfo(empty))
 			got := map[string]int64{}
 			for _, s := range scores {
 				got[s.Name] = s.Score
@@ -329,7 +337,7 @@ func TestReserveUnreserve(t *testing.T) {
 	third := gpuPod("third", testutil.Cards(2)).Obj()
 	state := framework.NewCycleState()
 	h.plugin.PreFilter(h.ctx, state, third, nil)
-	if s := h.plugin.Filter(h.ctx, state, third, nodeInfo(node)); s.IsSuccess() {
+	if s := h.plugin.Filter(h.ctx, state, third, h.nodeInfo(node)); s.IsSuccess() {
 		t.Error("two whole cards fit while one is reserved")
 	}
 	h.plugin.Unreserve(h.ctx, s1, first, "n")
@@ -419,7 +427,7 @@ func TestAddRemovePod(t *testing.T) {
 	pod := gpuPod("p", testutil.Share(40960, 50)).Obj()
 	state := framework.NewCycleState()
 	h.plugin.PreFilter(h.ctx, state, pod, nil)
-	ni := nodeInfo(node)
+	ni := h.nodeInfo(node)
 	if s := h.plugin.Filter(h.ctx, state, pod, ni); s.IsSuccess() {
 		t.Fatal("pod fits a card held whole by another pod")
 	}
@@ -567,6 +575,62 @@ func TestSignPod(t *testing.T) {
 	}
 }
 
+// TestSnapshotIsAuthoritative: a bound pod the NodeInfo being filtered does
+// not hold is not counted — kube-scheduler's pod-group preemption removes its
+// potential victims from the snapshot without calling RemovePod — and a pod
+// RemovePod took out is not taken out a second time for being absent too.
+func TestSnapshotIsAuthoritative(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	half := func(name string) *v1.Pod {
+		return boundPod(name, "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: 40960, Cores: 50}}})
+	}
+	a, b := half("a"), half("b")
+	h := newHarness(t, nil, node, a, b)
+	without := func(names ...string) fwk.NodeInfo {
+		ni := framework.NewNodeInfo()
+		for _, p := range []*v1.Pod{a, b} {
+			if !slices.Contains(names, p.Name) {
+				ni.AddPod(p)
+			}
+		}
+		ni.SetNode(node)
+		return ni
+	}
+	whole := gpuPod("whole", testutil.Share(81920, 100)).Obj()
+	tests := []struct {
+		name    string
+		removed []string // by RemovePod, from the NodeInfo too
+		absent  []string // from the NodeInfo only
+		want    bool
+	}{
+		{name: "both pods there", want: false},
+		{name: "both absent from the snapshot", absent: []string{"a", "b"}, want: true},
+		{name: "one removed by RemovePod", removed: []string{"a"}, want: false},
+		{name: "both removed by RemovePod", removed: []string{"a", "b"}, want: true},
+		{name: "one removed, one absent", removed: []string{"a"}, absent: []string{"b"}, want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			state := framework.NewCycleState()
+			h.plugin.PreFilter(h.ctx, state, whole, nil)
+			ni := without(append(slices.Clone(tc.removed), tc.absent...)...)
+			for _, name := range tc.removed {
+				victim, _ := framework.NewPodInfo(map[string]*v1.Pod{"a": a, "b": b}[name])
+				// The evaluator may remove a pod from several clones; each
+				// removal counts once.
+				for range 2 {
+					if s := h.plugin.RemovePod(h.ctx, state, whole, victim, ni); !s.IsSuccess() {
+						t.Fatal(s)
+					}
+				}
+			}
+			if got := h.plugin.Filter(h.ctx, state, whole, ni).IsSuccess(); got != tc.want {
+				t.Errorf("a whole card fits: %t, want %t", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestFilterCatchesUpWithSnapshot covers the moment when the scheduler's
 // snapshot is ahead of the ledger's informer handler.
 func TestFilterCatchesUpWithSnapshot(t *testing.T) {
@@ -579,7 +643,7 @@ func TestFilterCatchesUpWithSnapshot(t *testing.T) {
 	h.plugin.ledger.AddPod("deleted-already", "n", []gpuinfo.NamedContainer{{Name: "c"}}, gone, false)
 	state := framework.NewCycleState()
 	h.plugin.PreFilter(h.ctx, state, pod, nil)
-	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(node)); !s.IsSuccess() {
+	if s := h.plugin.Filter(h.ctx, state, pod, h.nodeInfo(node)); !s.IsSuccess() {
 		t.Errorf("Filter did not drop a pod missing from the API: %v", s)
 	}
 	if h.plugin.ledger.Holds("deleted-already") {
@@ -591,7 +655,7 @@ func TestFilterCatchesUpWithSnapshot(t *testing.T) {
 	pair := gpuPod("pair", testutil.Cards(2)).Obj()
 	state = framework.NewCycleState()
 	h.plugin.PreFilter(h.ctx, state, pair, nil)
-	if s := h.plugin.Filter(h.ctx, state, pair, nodeInfo(two)); !s.IsSuccess() {
+	if s := h.plugin.Filter(h.ctx, state, pair, h.nodeInfo(two)); !s.IsSuccess() {
 		t.Errorf("Filter ignored the snapshot's newer inventory: %v", s)
 	}
 }
@@ -616,16 +680,16 @@ func TestSilentAgentKeepsPodsOff(t *testing.T) {
 	h.plugin.PreFilter(h.ctx, state, pod, nil)
 	// A silent agent, and an inventory without a Lease: no agent reports.
 	for _, n := range []*v1.Node{silent, noLease} {
-		s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(n))
+		s := h.plugin.Filter(h.ctx, state, pod, h.nodeInfo(n))
 		if s.Code() != fwk.UnschedulableAndUnresolvable || s.Message() != reasonAgentSilent {
 			t.Errorf("Filter on %s = %v %q, want its agent not reporting", n.Name, s.Code(), s.Message())
 		}
 	}
-	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(alive)); !s.IsSuccess() {
+	if s := h.plugin.Filter(h.ctx, state, pod, h.nodeInfo(alive)); !s.IsSuccess() {
 		t.Errorf("Filter on %s = %v", alive.Name, s)
 	}
 	// A node without GPUs needs no agent: it is refused for having none.
-	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(noGPUs)); s.Message() != reasonNoGPUs {
+	if s := h.plugin.Filter(h.ctx, state, pod, h.nodeInfo(noGPUs)); s.Message() != reasonNoGPUs {
 		t.Errorf("Filter on a node without GPUs = %v", s)
 	}
 	// The agent reports again: the pod is retried at once.
@@ -640,7 +704,7 @@ func TestSilentAgentKeepsPodsOff(t *testing.T) {
 	if diff := cmp.Diff([]string{"default/p"}, h.activator.get()); diff != "" {
 		t.Errorf("activated pods (-want,+got):\n%s", diff)
 	}
-	if s := h.plugin.Filter(h.ctx, state, pod, nodeInfo(silent)); !s.IsSuccess() {
+	if s := h.plugin.Filter(h.ctx, state, pod, h.nodeInfo(silent)); !s.IsSuccess() {
 		t.Errorf("Filter after the agent reported = %v", s)
 	}
 
@@ -650,7 +714,7 @@ func TestSilentAgentKeepsPodsOff(t *testing.T) {
 	off := newHarness(t, a, silent, agentLease("silent", time.Now().Add(-time.Hour)))
 	state = framework.NewCycleState()
 	off.plugin.PreFilter(off.ctx, state, pod, nil)
-	if s := off.plugin.Filter(off.ctx, state, pod, nodeInfo(silent)); !s.IsSuccess() {
+	if s := off.plugin.Filter(off.ctx, state, pod, off.nodeInfo(silent)); !s.IsSuccess() {
 		t.Errorf("Filter with the check disabled = %v", s)
 	}
 }

@@ -67,7 +67,7 @@ func TestPostFilterSummary(t *testing.T) {
 			statuses := framework.NewDefaultNodeToStatus()
 			reasons := map[string]int{}
 			for _, n := range nodes {
-				s := h.plugin.Filter(h.ctx, state, tc.pod, nodeInfo(n))
+				s := h.plugin.Filter(h.ctx, state, tc.pod, h.nodeInfo(n))
 				if s.IsSuccess() {
 					t.Fatalf("node %s fits", n.Name)
 				}

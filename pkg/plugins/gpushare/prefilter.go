@@ -6,6 +6,8 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/client-go/tools/cache"
 	fwk "k8s.io/kube-scheduler/framework"
 
@@ -71,15 +73,26 @@ func (p *Plugin) waitForLedger(ctx context.Context) bool {
 func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return p }
 
 // AddPod accounts for a pod the framework adds to a node hypothetically: a
-// pod the ledger knows (a preemption victim being reprieved) with its own
-// cards, a nominated pod with the cards it will get (nominatedDeltas).
+// pod RemovePod took out (a preemption victim being reprieved) gets its own
+// cards back; a pod the ledger counts there already needs nothing (it is
+// counted while the NodeInfo holds it); a nominated pod gets the cards it
+// will get (nominatedDeltas).
 func (p *Plugin) AddPod(ctx context.Context, state fwk.CycleState, _ *v1.Pod, podInfoToAdd fwk.PodInfo, nodeInfo fwk.NodeInfo) *fwk.Status {
 	s := getState(state)
 	if s == nil {
 		return nil
 	}
+	added := podInfoToAdd.GetPod()
 	nodeName := nodeInfo.Node().Name
-	s.addDeltas(nodeName, p.nominatedDeltas(ctx, podInfoToAdd.GetPod(), nodeInfo, s.deltas[nodeName]))
+	if s.removed[nodeName].Has(added.UID) {
+		s.removed[nodeName].Delete(added.UID)
+		s.addDeltas(nodeName, p.ledger.PodDeltas(added.UID, nodeName, 1))
+		return nil
+	}
+	if p.ledger.PodDeltas(added.UID, nodeName, 1) != nil {
+		return nil
+	}
+	s.addDeltas(nodeName, p.nominatedDeltas(ctx, added, nodeInfo, s.deltas[nodeName]))
 	return nil
 }
 
@@ -89,8 +102,17 @@ func (p *Plugin) RemovePod(_ context.Context, state fwk.CycleState, _ *v1.Pod, p
 	if s == nil {
 		return nil
 	}
-	nodeName := nodeInfo.Node().Name
-	s.addDeltas(nodeName, p.ledger.PodDeltas(podInfoToRemove.GetPod().UID, nodeName, -1))
+	nodeName, uid := nodeInfo.Node().Name, podInfoToRemove.GetPod().UID
+	if d := p.ledger.PodDeltas(uid, nodeName, -1); d != nil && !s.removed[nodeName].Has(uid) {
+		s.addDeltas(nodeName, d)
+		if s.removed == nil {
+			s.removed = map[string]sets.Set[types.UID]{}
+		}
+		if s.removed[nodeName] == nil {
+			s.removed[nodeName] = sets.New[types.UID]()
+		}
+		s.removed[nodeName].Insert(uid)
+	}
 	return nil
 }
 

@@ -12,16 +12,18 @@ import (
 )
 
 // Reserve chooses the pod's cards on the node and records them in the ledger
-// as assumed, so the next pods see them taken before the pod is bound. The
-// cards that pods nominated there will hold are not chosen, as Filter did
-// not count them.
+// as assumed, so the next pods see them taken before the pod is bound. It
+// sees the node as Filter did: the cards that pods nominated there will hold
+// are not chosen, and bound pods the snapshot's NodeInfo does not hold are
+// not counted (absentDeltas: a pod-group preemption's dry run reserves its
+// members with the potential victims removed from the snapshot only).
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s := getState(state)
 	if s == nil {
 		return nil
 	}
 	st := allocator.Strategy{Policy: p.gpuPolicy}
-	var nominated []allocator.Delta
+	var deltas []allocator.Delta
 	if lister := p.handle.SnapshotSharedLister(); lister != nil {
 		if nodeInfo, err := lister.NodeInfos().Get(nodeName); err == nil {
 			var w *allocator.Workload
@@ -29,10 +31,13 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 				w = p.workload()
 			}
 			st = p.strategy(w, s.reservations, nodeInfo, podCPUMilli(pod))
-			nominated = p.nominatedOn(ctx, pod, nodeInfo)
+			deltas = p.nominatedOn(ctx, pod, nodeInfo)
+			if p.mayBeStale(nodeInfo, nil) {
+				deltas = append(deltas, p.absentDeltas(s, nodeInfo)...)
+			}
 		}
 	}
-	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, nominated, st)
+	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, deltas, st)
 	if err != nil {
 		return fwk.NewStatus(fwk.Unschedulable, err.Error())
 	}

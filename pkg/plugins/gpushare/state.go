@@ -1,6 +1,8 @@
 package gpushare
 
 import (
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
@@ -21,7 +23,11 @@ type cycleState struct {
 	// reservations keep cards from the pod (nil for most pods).
 	reservations []*reservation
 	// deltas adjusts the ledger per node; nil unless AddPod/RemovePod ran.
-	deltas     map[string][]allocator.Delta
+	deltas map[string][]allocator.Delta
+	// removed holds, per node, the ledger's pods RemovePod took out of deltas
+	// (preemption victims in a dry run), so that they are not taken out
+	// again for being absent from the NodeInfo (absentDeltas).
+	removed    map[string]sets.Set[types.UID]
 	assignment *gpuinfo.Assignment
 	// assignedNode is the node of assignment.
 	assignedNode string
@@ -54,6 +60,12 @@ func (s *cycleState) Clone() fwk.StateData {
 		c.deltas = make(map[string][]allocator.Delta, len(s.deltas))
 		for node, d := range s.deltas {
 			c.deltas[node] = append([]allocator.Delta(nil), d...)
+		}
+	}
+	if s.removed != nil {
+		c.removed = make(map[string]sets.Set[types.UID], len(s.removed))
+		for node, uids := range s.removed {
+			c.removed[node] = uids.Clone()
 		}
 	}
 	return &c
