@@ -291,3 +291,24 @@ func Charge(cards []Card, order []gpuinfo.NamedContainer, a *gpuinfo.Assignment)
 	}
 	return charge
 }
+
+// Holds reports whether a placement already chosen still fits: every card it
+// charges (charge, parallel to cards, as Charge returns) is healthy and has
+// that much free, after used and deltas.
+func Holds(cards []Card, used []Usage, deltas []Delta, charge []Usage) bool {
+	for i := range cards {
+		if charge[i] == (Usage{}) {
+			continue
+		}
+		free := cards[i].Capacity.sub(used[i])
+		for _, d := range deltas {
+			if d.UUID == cards[i].UUID {
+				free = free.sub(d.Usage)
+			}
+		}
+		if !cards[i].Healthy || !free.covers(charge[i]) {
+			return false
+		}
+	}
+	return true
+}

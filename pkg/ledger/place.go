@@ -118,6 +118,33 @@ func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedCo
 	return a, nil
 }
 
+// ReservePlanned records the pod as assumed on exactly the cards of planned,
+// an assignment chosen earlier in the same scheduling cycle (a pod group's
+// dry run), when they still hold it with deltas applied. ok is false, and
+// nothing is recorded, when they do not.
+func (l *Ledger) ReservePlanned(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, planned *gpuinfo.Assignment, deltas []allocator.Delta) (ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := l.nodes[nodeName]
+	if n == nil || n.err != nil {
+		return false
+	}
+	used := n.used
+	if p := l.pods[uid]; p != nil && p.node == nodeName && len(p.charge) == len(n.cards) {
+		// Its own earlier record (a Reserve not undone) does not count against it.
+		used = make([]allocator.Usage, len(n.used))
+		for i := range used {
+			used[i] = allocator.Usage{MemoryMiB: n.used[i].MemoryMiB - p.charge[i].MemoryMiB, Cores: n.used[i].Cores - p.charge[i].Cores}
+		}
+	}
+	if !allocator.Holds(n.cards, used, deltas, allocator.Charge(n.cards, order, planned)) {
+		return false
+	}
+	l.removePodLocked(uid)
+	l.addPodLocked(uid, &pod{node: nodeName, order: order, assignment: planned, assumed: true})
+	return true
+}
+
 // Simulate places req on the node as adjusted by deltas and returns the
 // deltas of that placement: what a nominated pod would hold. ok is false when
 // it does not fit.

@@ -169,3 +169,47 @@ func TestFragmentationAwareKeepsScarceModels(t *testing.T) {
 		t.Errorf("scores %v: want both G2 nodes alike and above the T4 node", scores)
 	}
 }
+
+// TestReserveReplaysTheDryRun follows a pod group's cycle under the
+// fragmentation-aware policy: its members are reserved in a dry run, then
+// unreserved, then reserved for real — and between the passes the learned
+// workload changes, as the learner observes the group's other members. The
+// real pass gives each member the cards the dry run gave it: chosen afresh,
+// the small member would now go to the empty card (which keeps room for the
+// half cards learned meanwhile), and the large member, which fitted there in
+// the dry run, would find no card.
+func TestReserveReplaysTheDryRun(t *testing.T) {
+	split := testutil.GPUNode("split", testutil.Inventory("s", "A100", 81920, 2))
+	held := boundPod("s0", "split", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-s-0", MemoryMiB: 32768, Cores: 40}}})
+	h := newHarness(t, args(config.PolicyFragmentationAware, config.PolicyFragmentationAware), split, held)
+	small := gpuPod("small", testutil.Share(16384, 20)).Obj()
+	large := gpuPod("large", testutil.Share(71680, 70)).Obj()
+	members := []*v1.Pod{small, large}
+	states := []fwk.CycleState{framework.NewCycleState(), framework.NewCycleState()}
+	card := func(state fwk.CycleState, pod *v1.Pod) int {
+		return getState(state).assignment.Containers[pod.Spec.Containers[0].Name][0].Index
+	}
+	dry := make([]int, len(members))
+	for i, pod := range members {
+		h.plugin.PreFilter(h.ctx, states[i], pod, nil)
+		if s := h.plugin.Reserve(h.ctx, states[i], pod, "split"); !s.IsSuccess() {
+			t.Fatalf("dry run: %s does not fit: %v", pod.Name, s)
+		}
+		dry[i] = card(states[i], pod)
+	}
+	if dry[0] == dry[1] {
+		t.Fatalf("dry run put both members on card %d; the test needs them apart", dry[0])
+	}
+	learnHalfCards(h)
+	for i := len(members) - 1; i >= 0; i-- {
+		h.plugin.Unreserve(h.ctx, states[i], members[i], "split")
+	}
+	for i, pod := range members {
+		if s := h.plugin.Reserve(h.ctx, states[i], pod, "split"); !s.IsSuccess() {
+			t.Fatalf("real pass: %s does not fit where the dry run placed it: %v", pod.Name, s)
+		}
+		if got := card(states[i], pod); got != dry[i] {
+			t.Errorf("real pass: %s on card %d, the dry run chose %d", pod.Name, got, dry[i])
+		}
+	}
+}

@@ -17,6 +17,13 @@ import (
 // are not chosen, and bound pods the snapshot's NodeInfo does not hold are
 // not counted (absentDeltas: a pod-group preemption's dry run reserves its
 // members with the potential victims removed from the snapshot only).
+//
+// A pod reserved again on the same node in one cycle — a pod group's members
+// are reserved in a dry run, unreserved, then reserved for real — gets the
+// cards it was given the first time while they still hold it: the
+// fragmentation-aware policy's learned workload changes between the passes
+// (the other members are observed), and a placement chosen afresh could
+// leave a later member no room where the dry run had found it some.
 func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod, nodeName string) *fwk.Status {
 	s := getState(state)
 	if s == nil {
@@ -37,11 +44,15 @@ func (p *Plugin) Reserve(ctx context.Context, state fwk.CycleState, pod *v1.Pod,
 			}
 		}
 	}
-	a, err := p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, deltas, st)
-	if err != nil {
-		return fwk.NewStatus(fwk.Unschedulable, err.Error())
+	a := s.planned
+	if a == nil || s.plannedNode != nodeName || !p.ledger.ReservePlanned(pod.UID, nodeName, s.order, a, deltas) {
+		var err error
+		if a, err = p.ledger.Reserve(pod.UID, nodeName, s.order, s.req, deltas, st); err != nil {
+			return fwk.NewStatus(fwk.Unschedulable, err.Error())
+		}
 	}
 	s.assignment, s.assignedNode = a, nodeName
+	s.planned, s.plannedNode = a, nodeName
 	p.priorities.set(pod.UID, corev1helpers.PodPriority(pod))
 	klog.FromContext(ctx).V(4).Info("Reserved GPUs", "pod", klog.KObj(pod), "node", nodeName, "assignment", a.Containers)
 	return nil

@@ -31,6 +31,10 @@ type cycleState struct {
 	assignment *gpuinfo.Assignment
 	// assignedNode is the node of assignment.
 	assignedNode string
+	// planned is the assignment Reserve chose last in this cycle, on
+	// plannedNode; Unreserve keeps it, so that Reserve replays it.
+	planned     *gpuinfo.Assignment
+	plannedNode string
 	// workload and cpuMilli are set by PreScore when a policy measures
 	// fragmentation.
 	workload *allocator.Workload
