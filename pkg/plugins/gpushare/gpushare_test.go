@@ -631,6 +631,30 @@ func TestSnapshotIsAuthoritative(t *testing.T) {
 	}
 }
 
+// TestStaleLedgerBesideNominatedPods: the ledger still holds a pod the API
+// has deleted (its handler lags the snapshot) and another pod is nominated
+// to the node. The node is judged without the deleted pod all the same;
+// before, a nominated pod's deltas skipped that check, and a preemptor whose
+// victim was already gone could be refused its node and bound elsewhere —
+// the randomized preemption test's flake.
+func TestStaleLedgerBesideNominatedPods(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	h := newHarness(t, nil, node)
+	gone := &gpuinfo.Assignment{Version: 1, Containers: map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: 40960, Cores: 50}}}}
+	h.plugin.ledger.AddPod("victim-deleted", "n", []gpuinfo.NamedContainer{{Name: "c"}}, gone, false)
+	preemptor := gpuPod("preemptor", testutil.Share(40960, 50)).Obj()
+	nominated, _ := framework.NewPodInfo(gpuPod("nominated", testutil.Share(20480, 20)).Obj())
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, preemptor, nil)
+	ni := h.nodeInfo(node)
+	if s := h.plugin.AddPod(h.ctx, state, preemptor, nominated, ni); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	if s := h.plugin.Filter(h.ctx, state, preemptor, ni); !s.IsSuccess() {
+		t.Errorf("Filter counted a deleted pod beside a nominated one: %v", s)
+	}
+}
+
 // TestFilterCatchesUpWithSnapshot covers the moment when the scheduler's
 // snapshot is ahead of the ledger's informer handler.
 func TestFilterCatchesUpWithSnapshot(t *testing.T) {
