@@ -20,17 +20,22 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/fleet"
 	"github.com/tessera-gpu/tessera/internal/version"
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/serving"
+	"github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -531,4 +536,69 @@ func TestVersion(t *testing.T) {
 	if err != nil || stdout != version.String()+"\n" || !strings.HasPrefix(stdout, "Tessera "+version.Version+" ") {
 		t.Errorf("version printed %q (%v), want %q", stdout, err, version.String())
 	}
+}
+
+// TestPodNominatedAndReserved: a pending pod nominated to a node after a
+// preemption shows the pods being evicted there for it, and a GPUReservation
+// that does not admit it shows in its answer and in each node's.
+func TestPodNominatedAndReserved(t *testing.T) {
+	ctx := context.Background()
+	const ns = "preempt"
+	client := env.cp.Client
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "test-urgent"}, Value: 1000}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reservations := dynamic.NewForConfigOrDie(env.cp.Config).Resource(v1alpha1.Resource)
+	reservation := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "tessera.io/v1alpha1", "kind": "GPUReservation", "metadata": map[string]any{"name": "critical-only"},
+		"spec": map[string]any{"cards": int64(1), "for": map[string]any{"minPriority": int64(100000)}},
+	}}
+	if _, err := reservations.Create(ctx, reservation, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = reservations.Delete(ctx, "critical-only", metav1.DeleteOptions{})
+		_ = client.SchedulingV1().PriorityClasses().Delete(ctx, "test-urgent", metav1.DeleteOptions{})
+		for _, name := range []string{"evicted", "owner-deleted", "urgent"} {
+			_ = client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))})
+		}
+	})
+	// Two pods on t4-node being deleted: one by the scheduler's preemption
+	// (its DisruptionTarget condition), one by its owner.
+	for _, name := range []string{"evicted", "owner-deleted"} {
+		p, err := client.CoreV1().Pods(ns).Create(ctx, &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       v1.PodSpec{NodeName: "t4-node", Containers: []v1.Container{{Name: "main", Image: "busybox"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "evicted" {
+			p.Status.Conditions = append(p.Status.Conditions, v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue,
+				Reason: v1.PodReasonPreemptionByScheduler, Message: "tessera-binpack: preempting to accommodate a higher priority pod"})
+			if _, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	urgent := testPod(ns, "urgent", nil, v1.Container{Name: "main", Image: "busybox",
+		Resources: v1.ResourceRequirements{Limits: v1.ResourceList{"tessera.io/gpu": resource.MustParse("1")}}})
+	urgent.Spec.SchedulerName = "nobody" // left pending, as if waiting for its victim
+	urgent.Spec.PriorityClassName = "test-urgent"
+	p, err := client.CoreV1().Pods(ns).Create(ctx, urgent, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status.NominatedNodeName = "t4-node"
+	if _, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkGolden(t, "pod-nominated", result(kubectlTessera(t, "pod", "urgent", "-n", ns)))
+	checkGolden(t, "pod-nominated-json", result(kubectlTessera(t, "pod", "urgent", "-n", ns, "-o", "json")))
 }

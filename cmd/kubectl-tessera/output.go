@@ -66,6 +66,14 @@ type PodStatus struct {
 	Assignment map[string][]AssignedCard `json:"assignment,omitempty"`
 	// Scheduled is the message of the pod's PodScheduled condition.
 	Scheduled string `json:"scheduled,omitempty"`
+	// Nominated is, for a pending pod, the node preemption made room on.
+	Nominated string `json:"nominated,omitempty"`
+	// Victims are, for a nominated pod, the pods the scheduler is evicting
+	// on that node (namespace/name), whose cards it waits for.
+	Victims []string `json:"victims,omitempty"`
+	// Reservations are, for a pending pod, the GPUReservations that keep
+	// cards from it.
+	Reservations []string `json:"reservations,omitempty"`
 	// Nodes is, for a pending pod, each GPU node's answer.
 	Nodes []NodeFit `json:"nodes,omitempty"`
 }

@@ -83,7 +83,20 @@ func runPod(ctx context.Context, g *globals, client kubernetes.Interface, ns, na
 	}
 	finished := pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
 	if pod.Spec.NodeName == "" && !finished {
-		if out.Nodes, err = fits(ctx, g, client, req); err != nil {
+		out.Nominated = pod.Status.NominatedNodeName
+		var problems []error
+		if out.Victims, err = victims(ctx, client, pod); err != nil {
+			problems = append(problems, err)
+		}
+		against, err := reservationsAgainst(ctx, g, pod)
+		if err != nil {
+			problems = append(problems, err)
+		}
+		for _, r := range against {
+			out.Reservations = append(out.Reservations, r.text)
+		}
+		warn(g.streams.ErrOut, problems)
+		if out.Nodes, err = fits(ctx, g, client, req, against); err != nil {
 			return err
 		}
 	}
@@ -97,8 +110,8 @@ func runPod(ctx context.Context, g *globals, client kubernetes.Interface, ns, na
 }
 
 // fits answers, for every GPU node, what the scheduler's GPU filter answers
-// for req now.
-func fits(ctx context.Context, g *globals, client kubernetes.Interface, req *gpuinfo.PodRequest) ([]NodeFit, error) {
+// for req now, with the cards the reservations against the pod keep free.
+func fits(ctx context.Context, g *globals, client kubernetes.Interface, req *gpuinfo.PodRequest, against []keptOut) ([]NodeFit, error) {
 	snapshot, err := fleet.Load(ctx, client)
 	if err != nil {
 		return nil, err
@@ -115,9 +128,13 @@ func fits(ctx context.Context, g *globals, client kubernetes.Interface, req *gpu
 			f.Message = "GPU inventory invalid: " + n.Err.Error()
 		default:
 			a := &gpuinfo.Assignment{Containers: map[string][]gpuinfo.CardAssignment{}}
-			o := allocator.Place(n.Cards, n.Used, nil, req, allocator.Strategy{Policy: allocator.Binpack}, a)
+			reserved, by := reservedOn(against, n.Labels)
+			o := allocator.Place(n.Cards, n.Used, nil, req, allocator.Strategy{Policy: allocator.Binpack, Reserve: reserved}, a)
 			if !o.Fits {
 				f.Message = o.Failure.Message(selector) + figures(&o.Failure)
+				if o.Failure.Kind == allocator.Reserved {
+					f.Message += " (GPUReservation " + strings.Join(by, ", ") + ")"
+				}
 				break
 			}
 			f.Fits, f.Cards = true, map[string][]int{}
@@ -179,8 +196,14 @@ func printPod(w io.Writer, pod *v1.Pod, s PodStatus, assignmentErr error) error 
 	fmt.Fprintf(w, "Status:      %s\n", status)
 	if s.Node != "" {
 		fmt.Fprintf(w, "Node:        %s\n", s.Node)
-	} else if pod.Status.NominatedNodeName != "" {
-		fmt.Fprintf(w, "Nominated:   %s (preemption under way)\n", pod.Status.NominatedNodeName)
+	} else if s.Nominated != "" {
+		fmt.Fprintf(w, "Nominated:   %s (preemption under way)\n", s.Nominated)
+		if len(s.Victims) > 0 {
+			fmt.Fprintf(w, "Victims:     %s (terminating, evicted by the scheduler: the pod waits for their cards)\n", strings.Join(s.Victims, ", "))
+		}
+	}
+	for _, r := range s.Reservations {
+		fmt.Fprintf(w, "Reserved:    %s; not this pod\n", r)
 	}
 	if s.Selector != "" {
 		fmt.Fprintf(w, "Selector:    %s\n", s.Selector)

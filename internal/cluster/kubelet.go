@@ -74,6 +74,10 @@ type Preemption struct {
 	Preemptor string
 	// Node is where the victim ran.
 	Node string
+	// Delay is how long the Event took from the scheduler's recorder to the
+	// API server: its creation time less its eventTime (whole seconds: the
+	// creation time has no finer precision).
+	Delay time.Duration
 }
 
 // Preemptions reads the preemptions of the namespace (every namespace when
@@ -102,7 +106,8 @@ func Preemptions(ctx context.Context, client kubernetes.Interface, namespace str
 		if preemptor == "" {
 			preemptor = uid
 		}
-		out = append(out, Preemption{Victim: ev.Regarding.Namespace + "/" + ev.Regarding.Name, Preemptor: preemptor, Node: node})
+		out = append(out, Preemption{Victim: ev.Regarding.Namespace + "/" + ev.Regarding.Name, Preemptor: preemptor, Node: node,
+			Delay: max(ev.CreationTimestamp.Sub(ev.EventTime.Time.Truncate(time.Second)), 0)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Victim < out[j].Victim })
 	return out, nil

@@ -36,6 +36,9 @@ func (p PodRef) String() string { return p.Namespace + "/" + p.Name }
 type Node struct {
 	// Name is the node's name.
 	Name string
+	// Labels are the node object's labels (none for a node known only from
+	// its ResourceSlices).
+	Labels map[string]string
 	// Claims is set for a node whose cards are DRA devices, held by claims.
 	Claims bool
 	// Err is why the node's inventory annotation is invalid; such a node
@@ -174,7 +177,7 @@ func Build(nodes []v1.Node, pods []v1.Pod) *Snapshot {
 		if !ok {
 			continue
 		}
-		node := &Node{Name: n.Name}
+		node := &Node{Name: n.Name, Labels: n.Labels}
 		inv, err := gpuinfo.DecodeInventory(raw)
 		if err != nil {
 			node.Err = err

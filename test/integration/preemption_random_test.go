@@ -57,9 +57,28 @@ func TestRandomizedPreemption(t *testing.T) {
 					e.deletePod(pods[r.Intn(len(pods))].Name)
 				}
 			}
-			t.Logf("pods evicted over the rounds: %d", len(k.evicted()))
+			preemptions, err := cluster.Preemptions(e.tCtx, e.client, e.ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("pods evicted over the rounds: %d; %s", len(k.evicted()), eventDelays(preemptions))
 		})
 	}
+}
+
+// eventDelays summarises how late the Preempted Events reached the API
+// server (for docs/performance.md; go test -v prints it).
+func eventDelays(preemptions []cluster.Preemption) string {
+	if len(preemptions) == 0 {
+		return "no Preempted events"
+	}
+	delays := make([]time.Duration, len(preemptions))
+	for i, p := range preemptions {
+		delays[i] = p.Delay
+	}
+	slices.Sort(delays)
+	at := func(q float64) time.Duration { return delays[min(len(delays)-1, int(q*float64(len(delays))))] }
+	return fmt.Sprintf("Preempted events %d, delay p50 %v p99 %v max %v", len(delays), at(0.5), at(0.99), delays[len(delays)-1])
 }
 
 func (e *env) listPods() []v1.Pod {

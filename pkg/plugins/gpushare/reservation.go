@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
@@ -41,19 +40,13 @@ type reservation struct {
 	name        string
 	selector    labels.Selector
 	cards       int
-	minPriority *int32
-	namespaces  []string
+	admitted    v1alpha1.ReservedFor
 	// reason is the Pending message of a pod it keeps out.
 	reason string
 }
 
 // admits reports whether pod may use the reserved cards.
-func (r *reservation) admits(pod *v1.Pod) bool {
-	if r.minPriority != nil && corev1helpers.PodPriority(pod) >= *r.minPriority {
-		return true
-	}
-	return slices.Contains(r.namespaces, pod.Namespace)
-}
+func (r *reservation) admits(pod *v1.Pod) bool { return r.admitted.Admits(pod) }
 
 // against returns the reservations that keep cards from pod, nil for most
 // pods.
@@ -126,18 +119,12 @@ func parseReservation(obj *unstructured.Unstructured) (*reservation, error) {
 	if gr.Spec.Cards < 1 || gr.Spec.Cards > 64 {
 		return nil, fmt.Errorf("spec.cards: %d is outside 1-64", gr.Spec.Cards)
 	}
-	r := &reservation{name: gr.Name, selector: selector, cards: int(gr.Spec.Cards), minPriority: gr.Spec.For.MinPriority, namespaces: gr.Spec.For.Namespaces}
-	var whom []string
-	if r.minPriority != nil {
-		whom = append(whom, "priority >= "+strconv.Itoa(int(*r.minPriority)))
-	}
-	if len(r.namespaces) > 0 {
-		whom = append(whom, "namespaces "+strings.Join(r.namespaces, ", "))
-	}
-	if len(whom) == 0 {
+	r := &reservation{name: gr.Name, selector: selector, cards: int(gr.Spec.Cards), admitted: gr.Spec.For}
+	whom := r.admitted.String()
+	if whom == "" {
 		return nil, fmt.Errorf("spec.for: names no pods")
 	}
-	r.reason = gpus(r.cards) + " reserved for " + strings.Join(whom, " or ") + " by GPUReservation " + r.name
+	r.reason = gpus(r.cards) + " reserved for " + whom + " by GPUReservation " + r.name
 	return r, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	st "k8s.io/kubernetes/pkg/scheduler/testing"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
 )
 
 func TestParseReservation(t *testing.T) {
@@ -45,7 +46,7 @@ func TestParseReservation(t *testing.T) {
 
 func TestReservationAdmits(t *testing.T) {
 	prio := int32(1000)
-	r := &reservation{minPriority: &prio, namespaces: []string{"prod"}}
+	r := &reservation{admitted: v1alpha1.ReservedFor{MinPriority: &prio, Namespaces: []string{"prod"}}}
 	for _, tc := range []struct {
 		name string
 		pod  *st.PodWrapper

@@ -4,6 +4,12 @@
 package v1alpha1
 
 import (
+	"slices"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -37,4 +43,26 @@ type ReservedFor struct {
 	MinPriority *int32 `json:"minPriority,omitempty"`
 	// Namespaces admits pods in these namespaces.
 	Namespaces []string `json:"namespaces,omitempty"`
+}
+
+// Admits reports whether pod may use the reserved cards: its priority is at
+// least MinPriority, or its namespace is listed.
+func (f ReservedFor) Admits(pod *v1.Pod) bool {
+	if f.MinPriority != nil && corev1helpers.PodPriority(pod) >= *f.MinPriority {
+		return true
+	}
+	return slices.Contains(f.Namespaces, pod.Namespace)
+}
+
+// String names the pods admitted: "priority >= 1000 or namespaces a, b";
+// empty when it names none.
+func (f ReservedFor) String() string {
+	var whom []string
+	if f.MinPriority != nil {
+		whom = append(whom, "priority >= "+strconv.Itoa(int(*f.MinPriority)))
+	}
+	if len(f.Namespaces) > 0 {
+		whom = append(whom, "namespaces "+strings.Join(f.Namespaces, ", "))
+	}
+	return strings.Join(whom, " or ")
 }
