@@ -232,22 +232,7 @@ func TestNominatedPodKeepsItsCard(t *testing.T) {
 	}
 	e.create(e.prioritized("urgent", highPriority, half))
 	// The preemption: a victim is terminating and the preemptor nominated.
-	var victim *v1.Pod
-	e.waitFor(30*time.Second, "a victim and the preemptor's nomination", func() (bool, error) {
-		pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		nominated := false
-		for i := range pods.Items {
-			p := &pods.Items[i]
-			if p.DeletionTimestamp != nil {
-				victim = p
-			}
-			nominated = nominated || (p.Name == "urgent" && p.Status.NominatedNodeName != "")
-		}
-		return victim != nil && nominated, nil
-	})
+	victim := e.waitNominated("urgent")
 	// A terminating victim still holds its card (its process may still hold
 	// the memory).
 	if p, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, "urgent", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
