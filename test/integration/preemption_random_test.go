@@ -96,15 +96,20 @@ func (e *env) listPods() []v1.Pod {
 func (e *env) settle() []v1.Pod {
 	e.tCtx.Helper()
 	var pods []v1.Pod
-	e.waitFor(60*time.Second, "the round to settle", func() (bool, error) {
-		pods = e.listPods()
+	var unsettled []string
+	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+		pods, unsettled = e.listPods(), nil
 		for _, p := range pods {
 			if p.DeletionTimestamp != nil || p.Spec.NodeName == "" && (p.Status.NominatedNodeName != "" || !unschedulable(&p)) {
-				return false, nil
+				unsettled = append(unsettled, fmt.Sprintf("%s (priority %d): terminating %t, nominated %q, pending: %s",
+					p.Name, priority(&p), p.DeletionTimestamp != nil, p.Status.NominatedNodeName, podMessage(&p)))
 			}
 		}
-		return true, nil
+		return len(unsettled) == 0, nil
 	})
+	if err != nil {
+		e.tCtx.Fatalf("the round did not settle in 60s:\n%s\nall pods:\n%s", strings.Join(unsettled, "\n"), e.podsNow())
+	}
 	return pods
 }
 
@@ -137,6 +142,10 @@ func (e *env) checkEvictionsServedPreemptors(t *testing.T, k kubelet, pods []v1.
 		return err == nil && len(preemptions) >= len(victims), nil
 	})
 	if err != nil {
+		// The last try may have been cut short by the deadline: look once more.
+		if preemptions, err = cluster.Preemptions(e.tCtx, e.client, e.ns); err != nil {
+			t.Fatal(err)
+		}
 		t.Logf("evicted %v; Preempted events found for %d of them", victims, len(preemptions))
 	}
 

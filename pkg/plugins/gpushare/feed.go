@@ -18,6 +18,7 @@ import (
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
+	"k8s.io/kubernetes/pkg/scheduler/framework/preemption"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 	"github.com/tessera-gpu/tessera/pkg/ledger"
@@ -45,6 +46,9 @@ type feed struct {
 	logger         klog.Logger
 	// pods indexes the scheduler's pod informer by UID.
 	pods cache.Indexer
+	// nominator tells which pods are nominated to a node (the scheduling
+	// queue, which every profile shares).
+	nominator fwk.PodNominator
 	// handlers are the informer registrations; synced is set once they have
 	// all delivered their initial lists.
 	handlers []cache.ResourceEventHandlerRegistration
@@ -105,7 +109,8 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpu
 		return nil, fmt.Errorf("%s: indexing pods: %w", Name, err)
 	}
 	f.pods = podInformer.GetIndexer()
-	pods, err := podInformer.AddEventHandler(handlerFuncs(f.onPod, f.onPodDelete))
+	f.nominator = h
+	pods, err := podInformer.AddEventHandler(handlerFuncs(f.onPod, f.onPodGone))
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}
@@ -225,6 +230,42 @@ func (f *feed) dropDeletedPods(nodeName string) bool {
 		}
 	}
 	return dropped
+}
+
+// onPodGone is the pod informer's delete handler: onPodDelete, and a retry
+// of the pods nominated to the node of a preemption victim that is gone.
+func (f *feed) onPodGone(obj any) {
+	f.onPodDelete(obj)
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if pod, ok := obj.(*v1.Pod); ok && pod.Spec.NodeName != "" && preemption.PodTerminatingByPreemption(pod) {
+		f.retryNominated(pod.Spec.NodeName)
+	}
+}
+
+// retryNominated moves the pods nominated to node back to the active queue.
+// A victim's deletion queues its preemptor already (the queueing hint), but
+// with preemption inside the scheduling cycle a victim that is gone before
+// the preemptor's cycle ends is an event that cycle can swallow
+// (kubernetes/kubernetes#141694 has the asynchronous case): the preemptor,
+// nominated and with free cards waiting, then sat in the unschedulable pool
+// until the 5-minute flush (TestRandomizedPreemption caught it about once in
+// twenty runs under load). Not called from the hint, which runs under the
+// queue's lock.
+func (f *feed) retryNominated(node string) {
+	if f.nominator == nil || f.heartbeats.activator == nil {
+		return
+	}
+	batch := map[string]*v1.Pod{}
+	for _, pi := range f.nominator.NominatedPodsForNode(node) {
+		p := pi.GetPod()
+		batch[p.Namespace+"/"+p.Name] = p
+	}
+	if len(batch) > 0 {
+		f.logger.V(4).Info("A preemption victim is gone; retrying the pods nominated to its node", "node", node, "pods", len(batch))
+		f.heartbeats.activator.Activate(f.logger, batch)
+	}
 }
 
 func (f *feed) onPodDelete(obj any) {

@@ -3,6 +3,7 @@ package gpushare
 import (
 	"context"
 	"fmt"
+	"k8s.io/client-go/tools/cache"
 	"slices"
 	"strings"
 	"sync"
@@ -769,5 +770,34 @@ func TestHeartbeatsOnTheSchedulersClock(t *testing.T) {
 	stale.plugin.onLease(agentLease("n", time.Now().Add(-time.Hour))) // first seen, an hour old
 	if got := stale.plugin.records.get("n").renewed.Load(); got > time.Now().Add(-59*time.Minute).UnixNano() {
 		t.Errorf("a Lease last renewed an hour ago, first seen now, counts from %v", time.Unix(0, got))
+	}
+}
+
+// TestVictimGoneRetriesItsPreemptor: when a pod the scheduler evicted by
+// preemption is gone, the pods nominated to its node are moved back to the
+// active queue (the queue also remembers it for a pod whose cycle is still
+// in flight, where the deletion event alone could be lost); a pod its owner
+// deleted moves no one.
+func TestVictimGoneRetriesItsPreemptor(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	pending := gpuPod("preemptor", testutil.Cards(1)).Obj()
+	h := newHarness(t, nil, node, pending) // the nominator nominates only pods the API has
+	preemptor, _ := framework.NewPodInfo(pending)
+	h.plugin.handle.AddNominatedPod(klog.Background(), preemptor, &fwk.NominatingInfo{NominatingMode: fwk.ModeOverride, NominatedNodeName: "n"})
+	gone := func(name string, preempted bool) *v1.Pod {
+		p := boundPod(name, "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: 81920, Cores: 100}}})
+		p.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+		if preempted {
+			p.Status.Conditions = []v1.PodCondition{{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler}}
+		}
+		return p
+	}
+	h.plugin.onPodGone(gone("owner-deleted", false))
+	if got := h.activator.get(); len(got) != 0 {
+		t.Errorf("a pod its owner deleted activated %v", got)
+	}
+	h.plugin.onPodGone(cache.DeletedFinalStateUnknown{Key: "default/victim", Obj: gone("victim", true)})
+	if diff := cmp.Diff([]string{"default/preemptor"}, h.activator.get()); diff != "" {
+		t.Errorf("activated (-want,+got):\n%s", diff)
 	}
 }

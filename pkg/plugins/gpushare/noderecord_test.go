@@ -2,7 +2,9 @@ package gpushare
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -128,6 +130,7 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
+	var noted atomic.Int64 // records the readers found
 	// What each reader found, by node: a record is made once and never
 	// again, so whatever it found, by name or by object, must be that one.
 	seen := make([]map[int]*nodeRecord, 8)
@@ -140,6 +143,7 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 				if rec == nil {
 					return
 				}
+				noted.Add(1)
 				if prev := seen[g][node]; prev != nil && prev != rec {
 					t.Errorf("n%d: two records found, %p and %p", node, prev, rec)
 				}
@@ -166,6 +170,13 @@ func TestNodeRecordsConcurrently(t *testing.T) {
 		if i%3 == 0 {
 			r.leaseDeleted(fmt.Sprint("n", i))
 		}
+	}
+	// On a loaded machine the readers may get no time while the handlers
+	// run: let them look before stopping them, so the lookups overlap
+	// something (the records made last, at least).
+	deadline := time.Now().Add(10 * time.Second)
+	for noted.Load() == 0 && time.Now().Before(deadline) {
+		runtime.Gosched()
 	}
 	close(done)
 	wg.Wait()

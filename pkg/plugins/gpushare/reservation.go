@@ -37,10 +37,10 @@ type reservations struct {
 
 // reservation is one GPUReservation, parsed.
 type reservation struct {
-	name        string
-	selector    labels.Selector
-	cards       int
-	admitted    v1alpha1.ReservedFor
+	name     string
+	selector labels.Selector
+	cards    int
+	admitted v1alpha1.ReservedFor
 	// reason is the Pending message of a pod it keeps out.
 	reason string
 }

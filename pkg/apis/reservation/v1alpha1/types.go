@@ -9,9 +9,9 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 )
 
 // Resource is the GPUReservation resource.
