@@ -268,6 +268,26 @@ func (f *feed) retryNominated(node string) {
 	}
 }
 
+// latest returns the informer store's copy of pod, or nil when the store no
+// longer has it (deleted). The store is updated before any handler hears of
+// a change, so it can be newer than the scheduler's snapshot, which its
+// cache's handler feeds. Without a store, pod itself.
+func (f *feed) latest(pod *v1.Pod) *v1.Pod {
+	if f.pods == nil {
+		return pod
+	}
+	objs, err := f.pods.ByIndex(uidIndex, string(pod.UID))
+	if err != nil {
+		return pod
+	}
+	for _, o := range objs {
+		if stored, ok := o.(*v1.Pod); ok {
+			return stored
+		}
+	}
+	return nil
+}
+
 func (f *feed) onPodDelete(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj

@@ -801,3 +801,37 @@ func TestVictimGoneRetriesItsPreemptor(t *testing.T) {
 		t.Errorf("activated (-want,+got):\n%s", diff)
 	}
 }
+
+// TestNominationReadsVictimsFromTheStore: right after a preemption the
+// cycle's snapshot may not show the victim terminating yet, while the
+// informer's store does. The nomination holds the card the victim frees all
+// the same: a peer of the preemptor's priority does not fit there.
+func TestNominationReadsVictimsFromTheStore(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	victim := boundPod("victim", "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: 61440, Cores: 50}}})
+	h := newHarness(t, nil, node, victim)
+	snapshot := h.nodeInfo(node) // the victim running, as the next cycle may see it
+	evicted := victim.DeepCopy()
+	evicted.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(30 * time.Second)}
+	evicted.Status.Conditions = []v1.PodCondition{{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler,
+		LastTransitionTime: metav1.Now()}}
+	if _, err := h.client.CoreV1().Pods(victim.Namespace).Update(h.ctx, evicted, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(h.ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		p := h.plugin.latest(victim)
+		return p != nil && p.DeletionTimestamp != nil, nil
+	}); err != nil {
+		t.Fatalf("the informer's store did not see the eviction: %v", err)
+	}
+	preemptor, _ := framework.NewPodInfo(gpuPod("preemptor", testutil.Share(71680, 50)).Priority(1000).Obj())
+	peer := gpuPod("peer", testutil.Share(15360, 10)).Priority(1000).Obj()
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, peer, nil)
+	if s := h.plugin.AddPod(h.ctx, state, peer, preemptor, snapshot); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	if s := h.plugin.Filter(h.ctx, state, peer, snapshot); s.IsSuccess() {
+		t.Error("the peer fits on the card the nominated preemptor evicted for")
+	}
+}

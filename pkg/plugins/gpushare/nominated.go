@@ -43,9 +43,11 @@ func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInf
 	if d, ok := p.ledger.Simulate(node.Name, order, req, base, st); ok {
 		return d
 	}
+	// Its victims are read from the informer's store: the preemption's
+	// writes may reach it before the snapshot of the cycle right after.
 	freed := slices.Clone(base)
 	for _, pi := range nodeInfo.GetPods() {
-		if victim := pi.GetPod(); victimOf(victim, nominated) {
+		if victim := p.latest(pi.GetPod()); victim != nil && victimOf(victim, nominated) {
 			freed = append(freed, p.ledger.PodDeltas(victim.UID, node.Name, -1)...)
 		}
 	}
@@ -115,7 +117,7 @@ func (p *Plugin) awaitVictims(pod *v1.Pod, now time.Time) *fwk.PreFilterResult {
 		return nil
 	}
 	for _, pi := range nodeInfo.GetPods() {
-		if victim := pi.GetPod(); victimOf(victim, pod) && now.Before(holdUntil(victim)) {
+		if victim := p.latest(pi.GetPod()); victim != nil && victimOf(victim, pod) && now.Before(holdUntil(victim)) {
 			return &fwk.PreFilterResult{NodeNames: sets.New(nominated)}
 		}
 	}
