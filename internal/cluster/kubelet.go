@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -38,9 +39,11 @@ func StartKubelet(ctx context.Context, client kubernetes.Interface, namespace st
 				if p.DeletionTimestamp == nil {
 					continue
 				}
-				k.mu.Lock()
-				k.terminated[p.Namespace+"/"+p.Name] = p.Spec.NodeName
-				k.mu.Unlock()
+				if evictedByScheduler(&p) {
+					k.mu.Lock()
+					k.terminated[p.Namespace+"/"+p.Name] = p.Spec.NodeName
+					k.mu.Unlock()
+				}
 				_ = client.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)), Preconditions: &metav1.Preconditions{UID: &p.UID}})
 			}
 			return false, nil
@@ -49,8 +52,21 @@ func StartKubelet(ctx context.Context, client kubernetes.Interface, namespace st
 	return k, stopped
 }
 
-// Terminated returns the pods (namespace/name) whose deletion it confirmed,
-// sorted, with the node each was on.
+// evictedByScheduler reports whether the scheduler's preemption marked the
+// pod (its DisruptionTarget condition) before deleting it. A bound pod that
+// a test deletes, even with a grace period of 0, is terminating too until a
+// kubelet confirms it: it is no victim.
+func evictedByScheduler(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Reason == corev1.PodReasonPreemptionByScheduler {
+			return true
+		}
+	}
+	return false
+}
+
+// Terminated returns the pods (namespace/name) the scheduler evicted whose
+// deletion it confirmed, sorted, with the node each was on.
 func (k *Kubelet) Terminated() ([]string, map[string]string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -122,9 +122,9 @@ func unschedulable(p *v1.Pod) bool {
 	return false
 }
 
-// checkEvictionsServedPreemptors: every pod the kubelet saw evicted (the
-// test deletes its own pods at once, so these are preemption victims) whose
-// Preempted Event has come was evicted for a preemptor bound to its node
+// checkEvictionsServedPreemptors: every pod the kubelet saw evicted by the
+// scheduler (marked DisruptionTarget; the test's own deletions are not)
+// whose Preempted Event has come was evicted for a preemptor bound to its node
 // — unless the test has deleted the preemptor since, or a pod of higher
 // priority than the preemptor's, which may always take a nominated pod's
 // room, holds cards on that node.
@@ -132,10 +132,10 @@ func (e *env) checkEvictionsServedPreemptors(t *testing.T, k kubelet, pods []v1.
 	t.Helper()
 	victims, nodes := k.Terminated()
 	var preemptions []cluster.Preemption
-	// Events are written asynchronously — under load (make test runs test
-	// binaries side by side) sometimes tens of seconds late — and are best
-	// effort in Kubernetes: wait a while for every victim's, then check
-	// those there are; an eviction whose event has not come is not checked.
+	// Events are written asynchronously (within a second here, even under
+	// load: docs/performance.md) and are best effort in Kubernetes: wait a
+	// while for every victim's, then check those there are; an eviction
+	// whose event has not come is not checked.
 	err := wait.PollUntilContextTimeout(e.tCtx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
 		var err error
 		preemptions, err = cluster.Preemptions(ctx, e.client, e.ns)

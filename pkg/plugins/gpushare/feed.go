@@ -105,12 +105,16 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpu
 		return nil, fmt.Errorf("%s: watching nodes: %w", Name, err)
 	}
 	podInformer := factory.Core().V1().Pods().Informer()
-	if err := podInformer.AddIndexers(cache.Indexers{uidIndex: indexByUID}); err != nil {
+	if err := podInformer.AddIndexers(cache.Indexers{uidIndex: indexByUID, nodeIndex: indexByNode}); err != nil {
 		return nil, fmt.Errorf("%s: indexing pods: %w", Name, err)
 	}
 	f.pods = podInformer.GetIndexer()
 	f.nominator = h
-	pods, err := podInformer.AddEventHandler(handlerFuncs(f.onPod, f.onPodGone))
+	pods, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    f.onPod,
+		UpdateFunc: func(oldObj, obj any) { f.onPod(obj); f.onNomination(oldObj, obj) },
+		DeleteFunc: f.onPodGone,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: watching pods: %w", Name, err)
 	}
@@ -209,6 +213,16 @@ func handlerFuncs(on, onDelete func(any)) cache.ResourceEventHandlerFuncs {
 // uidIndex names the pod informer's index by UID.
 const uidIndex = "tessera.io/uid"
 
+// nodeIndex names the pod informer's index by node.
+const nodeIndex = "tessera.io/node"
+
+func indexByNode(obj any) ([]string, error) {
+	if pod, ok := obj.(*v1.Pod); ok && pod.Spec.NodeName != "" {
+		return []string{pod.Spec.NodeName}, nil
+	}
+	return nil, nil
+}
+
 func indexByUID(obj any) ([]string, error) {
 	if pod, ok := obj.(*v1.Pod); ok {
 		return []string{string(pod.UID)}, nil
@@ -242,6 +256,30 @@ func (f *feed) onPodGone(obj any) {
 	if pod, ok := obj.(*v1.Pod); ok && pod.Spec.NodeName != "" && preemption.PodTerminatingByPreemption(pod) {
 		f.retryNominated(pod.Spec.NodeName)
 	}
+}
+
+// onNomination retries a pod just nominated to a node where none of its
+// victims is left: they were gone before the nomination was recorded, so
+// neither their deletion's queueing hint nor retryNominated found it
+// nominated, and it would wait for the 5-minute flush.
+func (f *feed) onNomination(oldObj, obj any) {
+	old, _ := oldObj.(*v1.Pod)
+	pod, ok := obj.(*v1.Pod)
+	if !ok || old == nil || pod.Spec.NodeName != "" || pod.Status.NominatedNodeName == "" ||
+		pod.Status.NominatedNodeName == old.Status.NominatedNodeName || f.heartbeats.activator == nil {
+		return
+	}
+	objs, err := f.pods.ByIndex(nodeIndex, pod.Status.NominatedNodeName)
+	if err != nil {
+		return
+	}
+	for _, o := range objs {
+		if victim, ok := o.(*v1.Pod); ok && victimOf(victim, pod) {
+			return // its deletion will retry the pod (retryNominated)
+		}
+	}
+	f.logger.V(4).Info("Nominated after its victims were gone; retrying", "pod", klog.KObj(pod), "node", pod.Status.NominatedNodeName)
+	f.heartbeats.activator.Activate(f.logger, map[string]*v1.Pod{pod.Namespace + "/" + pod.Name: pod})
 }
 
 // retryNominated moves the pods nominated to node back to the active queue.

@@ -835,3 +835,33 @@ func TestNominationReadsVictimsFromTheStore(t *testing.T) {
 		t.Error("the peer fits on the card the nominated preemptor evicted for")
 	}
 }
+
+// TestNominatedAfterVictimsGoneIsRetried: a pod whose nomination is recorded
+// after its victims are already gone is retried at once; one whose victim
+// is still terminating waits for that victim's deletion.
+func TestNominatedAfterVictimsGoneIsRetried(t *testing.T) {
+	node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 1))
+	victim := boundPod("victim", "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: 81920, Cores: 100}}})
+	victim.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(30 * time.Second)}
+	victim.Status.Conditions = []v1.PodCondition{{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler}}
+	for _, tc := range []struct {
+		name    string
+		objects []runtime.Object
+		want    []string
+	}{
+		{name: "victims gone", objects: []runtime.Object{node}, want: []string{"default/preemptor"}},
+		{name: "a victim still terminating", objects: []runtime.Object{node, victim}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, tc.objects...)
+			pending := gpuPod("preemptor", testutil.Cards(1)).Priority(1000).Obj()
+			nominated := pending.DeepCopy()
+			nominated.Status.NominatedNodeName = "n"
+			h.plugin.onNomination(pending, nominated)
+			h.plugin.onNomination(nominated, nominated) // unchanged: nothing to do
+			if diff := cmp.Diff(tc.want, h.activator.get()); diff != "" {
+				t.Errorf("activated (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
