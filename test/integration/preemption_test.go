@@ -14,9 +14,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/install"
 )
 
 // Priority classes the preemption tests use.
@@ -380,4 +382,44 @@ func TestTenantGracePeriodDoesNotPinThePreemptor(t *testing.T) {
 		t.Errorf("the preemptor was placed on %s, want %s", p.Spec.NodeName, elsewhere)
 	}
 	e.checkNoOvercommit(t)
+}
+
+// TestEvictionMarkCannotBeForged: the scheduler holds a preemptor to a node
+// (and keeps cards for it) only for pods marked DisruptionTarget with reason
+// PreemptionByScheduler. A tenant who may create, update and delete pods in
+// its namespace, and the node agent under its shipped identity, try to put that
+// mark on a pod — to pin others' preemptors or keep cards from them — and
+// cannot: pod status is not theirs to write, and a pod created with the mark
+// has its status reset by the API server.
+func TestEvictionMarkCannotBeForged(t *testing.T) {
+	e := newEnv(t)
+	node := e.node("n", cluster.A100, 1, nil)
+	const tenant = "tenant-forger"
+	// The rights on pods Kubernetes' edit role gives (its aggregated rules
+	// need the controller manager, which does not run here).
+	e.grantEditor(e.ns, tenant)
+	mark := v1.PodCondition{Type: v1.DisruptionTarget, Status: v1.ConditionTrue, Reason: v1.PodReasonPreemptionByScheduler}
+	tenantClient := clientAs(t, tenant)
+
+	// Created with the mark: the API server resets a new pod's status.
+	forged := e.podSpec("forged", "tessera-binpack", nil)
+	forged.Spec.NodeName = node
+	forged.Status.Conditions = []v1.PodCondition{mark}
+	created, err := tenantClient.CoreV1().Pods(e.ns).Create(e.tCtx, forged, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hasDisruptionTarget(created) {
+		t.Error("a pod created by the tenant kept the DisruptionTarget mark it was created with")
+	}
+	// Written afterwards: the status subresource is refused to both.
+	created.Status.Conditions = []v1.PodCondition{mark}
+	for who, client := range map[string]kubernetes.Interface{
+		"the tenant":     tenantClient,
+		"the node agent": newClient(t, install.AsAgent(controlPlane.Config, node)),
+	} {
+		if _, err := client.CoreV1().Pods(e.ns).UpdateStatus(e.tCtx, created, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("%s wrote the DisruptionTarget mark on a pod's status: %v", who, err)
+		}
+	}
 }

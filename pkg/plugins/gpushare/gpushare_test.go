@@ -865,3 +865,29 @@ func TestNominatedAfterVictimsGoneIsRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestHoldUntil: a victim holds its preemptor until its deletion deadline,
+// and no longer than maxVictimWait after it was marked — a tenant's pod whose
+// preStop sleeps for a day delays the preemptor by five minutes at most.
+func TestHoldUntil(t *testing.T) {
+	marked := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		grace time.Duration
+		want  time.Time
+	}{
+		{"short grace", 30 * time.Second, marked.Add(30 * time.Second)},
+		{"a day's grace", 24 * time.Hour, marked.Add(maxVictimWait)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			victim := &v1.Pod{
+				ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{Time: marked.Add(tc.grace)}},
+				Status: v1.PodStatus{Conditions: []v1.PodCondition{{Type: v1.DisruptionTarget, Status: v1.ConditionTrue,
+					Reason: v1.PodReasonPreemptionByScheduler, LastTransitionTime: metav1.Time{Time: marked}}}},
+			}
+			if got := holdUntil(victim); !got.Equal(tc.want) {
+				t.Errorf("held until %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
