@@ -80,12 +80,12 @@ func reservationsAgainst(ctx context.Context, g *globals, pod *v1.Pod) ([]keptOu
 		if r.Spec.For.Admits(pod) {
 			continue
 		}
-		selector := labels.Everything()
+		selector, err := r.Spec.Nodes()
+		if err != nil {
+			return nil, fmt.Errorf("GPUReservation %s: spec.nodeSelector: %w", r.Name, err)
+		}
 		where := "every GPU node"
 		if r.Spec.NodeSelector != nil {
-			if selector, err = metav1.LabelSelectorAsSelector(r.Spec.NodeSelector); err != nil {
-				return nil, fmt.Errorf("GPUReservation %s: spec.nodeSelector: %w", r.Name, err)
-			}
 			where = "nodes " + selector.String()
 		}
 		out = append(out, keptOut{name: r.Name, selector: selector, cards: int(r.Spec.Cards),

@@ -10,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	coordinationinformers "k8s.io/client-go/informers/coordination/v1"
 	"k8s.io/client-go/kubernetes"
@@ -230,32 +231,34 @@ func indexByUID(obj any) ([]string, error) {
 	return nil, nil
 }
 
-// dropDeletedPods removes from the ledger the node's bound pods that the
-// informer's store no longer holds (deleted, or finished: the scheduler's pod
-// informer drops those), and reports whether it removed any. The store is
-// updated before any handler hears of a deletion, so this catches up with
-// deletions the ledger's handler has not processed yet.
-func (f *feed) dropDeletedPods(nodeName string) bool {
-	dropped := false
-	for _, uid := range f.ledger.BoundPods(nodeName) {
-		if objs, err := f.pods.ByIndex(uidIndex, string(uid)); err == nil && len(objs) == 0 {
-			f.ledger.RemovePod(uid)
-			dropped = true
-		}
-	}
-	return dropped
+// inStore reports whether the pod informer's store holds the pod: it drops
+// deleted pods, and finished ones (the scheduler's pod informer does not
+// list them), before any handler hears of it.
+func (f *feed) inStore(uid types.UID) bool {
+	objs, err := f.pods.ByIndex(uidIndex, string(uid))
+	return err != nil || len(objs) > 0
 }
 
 // onPodGone is the pod informer's delete handler: onPodDelete, and a retry
 // of the pods nominated to the node of a preemption victim that is gone.
 func (f *feed) onPodGone(obj any) {
-	f.onPodDelete(obj)
+	pod := deletedPod(obj)
+	if pod == nil {
+		return
+	}
+	f.onPodDelete(pod)
+	if pod.Spec.NodeName != "" && preemption.PodTerminatingByPreemption(pod) {
+		f.retryNominated(pod.Spec.NodeName)
+	}
+}
+
+// deletedPod is the pod a delete notification carries, or nil.
+func deletedPod(obj any) *v1.Pod {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	if pod, ok := obj.(*v1.Pod); ok && pod.Spec.NodeName != "" && preemption.PodTerminatingByPreemption(pod) {
-		f.retryNominated(pod.Spec.NodeName)
-	}
+	pod, _ := obj.(*v1.Pod)
+	return pod
 }
 
 // onNomination retries a pod just nominated to a node where none of its
@@ -326,16 +329,12 @@ func (f *feed) latest(pod *v1.Pod) *v1.Pod {
 	return nil
 }
 
-func (f *feed) onPodDelete(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	if pod, ok := obj.(*v1.Pod); ok {
-		f.ledger.RemovePod(pod.UID)
-		f.priorities.forget(pod.UID)
-		f.forget(pod.UID)
-		f.learner.Forget(string(pod.UID))
-	}
+// onPodDelete forgets a deleted pod: its charge, priority and request.
+func (f *feed) onPodDelete(pod *v1.Pod) {
+	f.ledger.RemovePod(pod.UID)
+	f.priorities.forget(pod.UID)
+	f.forget(pod.UID)
+	f.learner.Forget(string(pod.UID))
 }
 
 func (f *feed) event(obj runtime.Object, reason, format string, args ...any) {

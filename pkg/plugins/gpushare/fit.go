@@ -35,23 +35,25 @@ func (p *Plugin) fit(s *cycleState, nodeInfo fwk.NodeInfo, rec *nodeRecord, st a
 }
 
 // absentDeltas takes out of the node's ledger entry the bound pods the
-// NodeInfo does not hold: the NodeInfo is authoritative. They are pods the
-// API has deleted before the ledger's handler heard of it (dropped from the
-// ledger here for good), or pods a preemption dry run removed from its
-// snapshot without telling the plugin — kube-scheduler's pod-group
-// preemption removes its potential victims so — unless RemovePod already took
-// them out. Assumed pods (reserved in this or an earlier cycle, not yet
-// bound) are never left out: the snapshot may not show them yet.
+// NodeInfo does not hold: the NodeInfo is authoritative. They are pods a
+// preemption dry run removed from its snapshot without telling the plugin —
+// kube-scheduler's pod-group preemption removes its potential victims so —
+// unless RemovePod already took them out. Pods the API has deleted before
+// the ledger's handler heard of it are dropped from the ledger here for good.
+// Assumed pods (reserved in this or an earlier cycle, not yet bound) are
+// never left out: the snapshot may not show them yet.
 func (p *Plugin) absentDeltas(s *cycleState, nodeInfo fwk.NodeInfo) []allocator.Delta {
 	node := nodeInfo.Node().Name
-	p.dropDeletedPods(node)
 	present := sets.New[types.UID]()
 	for _, pi := range nodeInfo.GetPods() {
 		present.Insert(pi.GetPod().UID)
 	}
 	var deltas []allocator.Delta
 	for _, uid := range p.ledger.BoundPods(node) {
-		if !present.Has(uid) && !s.removed[node].Has(uid) {
+		switch {
+		case !p.inStore(uid):
+			p.ledger.RemovePod(uid)
+		case !present.Has(uid) && !s.removed[node].Has(uid):
 			deltas = append(deltas, p.ledger.PodDeltas(uid, node, -1)...)
 		}
 	}

@@ -109,12 +109,9 @@ func parseReservation(obj *unstructured.Unstructured) (*reservation, error) {
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &gr); err != nil {
 		return nil, err
 	}
-	selector := labels.Everything()
-	if gr.Spec.NodeSelector != nil {
-		var err error
-		if selector, err = metav1.LabelSelectorAsSelector(gr.Spec.NodeSelector); err != nil {
-			return nil, fmt.Errorf("spec.nodeSelector: %w", err)
-		}
+	selector, err := gr.Spec.Nodes()
+	if err != nil {
+		return nil, fmt.Errorf("spec.nodeSelector: %w", err)
 	}
 	if gr.Spec.Cards < 1 || gr.Spec.Cards > 64 {
 		return nil, fmt.Errorf("spec.cards: %d is outside 1-64", gr.Spec.Cards)

@@ -10,6 +10,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 )
@@ -65,4 +66,13 @@ func (f ReservedFor) String() string {
 		whom = append(whom, "namespaces "+strings.Join(f.Namespaces, ", "))
 	}
 	return strings.Join(whom, " or ")
+}
+
+// Nodes is the selector of the nodes it keeps cards on: every node when
+// NodeSelector is empty.
+func (s GPUReservationSpec) Nodes() (labels.Selector, error) {
+	if s.NodeSelector == nil {
+		return labels.Everything(), nil
+	}
+	return metav1.LabelSelectorAsSelector(s.NodeSelector)
 }
