@@ -20,7 +20,7 @@ type GPUShareArgs struct {
 	// names default to Tessera's (tessera.io/gpu, ...).
 	ResourceNames *ResourceNames `json:"resourceNames,omitempty"`
 	// AgentHeartbeatTimeout is how long a node agent's heartbeat Lease may go
-	// unrenewed before its node gets no new GPU pods (default 2m; 0s disables
+	// unrenewed before its node gets no new GPU pods (default 40s; 0s disables
 	// the check). Nodes without a Lease are not affected.
 	AgentHeartbeatTimeout *metav1.Duration `json:"agentHeartbeatTimeout,omitempty"`
 	// AgentNamespace is where the node agents' Leases live (default
