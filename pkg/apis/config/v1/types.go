@@ -21,7 +21,7 @@ type GPUShareArgs struct {
 	ResourceNames *ResourceNames `json:"resourceNames,omitempty"`
 	// AgentHeartbeatTimeout is how long a node agent's heartbeat Lease may go
 	// unrenewed before its node gets no new GPU pods (default 40s; 0s disables
-	// the check). Nodes without a Lease are not affected.
+	// the check). A node with a GPU inventory and no Lease is not reporting either.
 	AgentHeartbeatTimeout *metav1.Duration `json:"agentHeartbeatTimeout,omitempty"`
 	// AgentNamespace is where the node agents' Leases live (default
 	// tessera-system).
