@@ -1,6 +1,7 @@
 // Package schedulercmd assembles Tessera's scheduler: kube-scheduler with the
-// GPUShare plugin and its arguments registered. The binary, the integration
-// suite and the demo all start the scheduler through it.
+// GPUShare and GPUSharePreemption plugins and their arguments registered.
+// The binary, the integration suite and the demo all start the scheduler
+// through it.
 package schedulercmd
 
 import (
@@ -18,7 +19,10 @@ import (
 
 // Options are the out-of-tree plugin registrations of Tessera's scheduler.
 func Options() []app.Option {
-	return []app.Option{app.WithPlugin(gpushare.Name, gpushare.New)}
+	return []app.Option{
+		app.WithPlugin(gpushare.Name, gpushare.New),
+		app.WithPlugin(gpushare.PreemptionName, gpushare.NewPreemption),
+	}
 }
 
 // NewCommand returns the scheduler command with every kube-scheduler flag.

@@ -68,7 +68,7 @@ func (o *orderedGPUShare) Filter(ctx context.Context, state fwk.CycleState, pod 
 }
 
 // PostFilter leaves the failure unexplained and preempts nothing, as
-// GPUShare's does; DefaultPreemption runs after it as usual.
+// GPUShare's does; GPUSharePreemption runs after it as usual.
 func (o *orderedGPUShare) PostFilter(context.Context, fwk.CycleState, *v1.Pod, fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
 	return nil, fwk.NewStatus(fwk.Unschedulable)
 }

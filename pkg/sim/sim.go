@@ -212,7 +212,11 @@ func replayTask(ctx context.Context, client *fake.Clientset, watcher watch.Inter
 }
 
 // registry holds the plugins replays add to kube-scheduler's.
-var registry = frameworkruntime.Registry{gpushare.Name: newOrderedGPUShare, randomScoreName: newRandomScore}
+var registry = frameworkruntime.Registry{
+	gpushare.Name:           newOrderedGPUShare,
+	gpushare.PreemptionName: gpushare.NewPreemption,
+	randomScoreName:         newRandomScore,
+}
 
 // profileNames lists the profiles of a configuration.
 func profileNames(cfg *schedconfig.KubeSchedulerConfiguration) []string {

@@ -32,15 +32,21 @@ profiles:
   - schedulerName: tessera-binpack
     plugins:
       multiPoint:
+        # GPUSharePreemption is DefaultPreemption (same victims, same
+        # evictions) that also records for whom each victim is evicted, so
+        # that a nominated pod is placed on its own victims' cards.
         enabled:
           - name: GPUShare
+          - name: GPUSharePreemption
+        disabled:
+          - name: DefaultPreemption
       postFilter:
         # GPUShare's PostFilter only explains (one sentence on what the GPUs
         # lacked, added to the pending pod's condition); it runs first so
-        # that DefaultPreemption, which preempts, still always runs.
+        # that GPUSharePreemption, which preempts, still always runs.
         enabled:
           - name: GPUShare
-          - name: DefaultPreemption
+          - name: GPUSharePreemption
         disabled:
           - name: "*"
       bind:
@@ -87,10 +93,13 @@ profiles:
       multiPoint:
         enabled:
           - name: GPUShare
+          - name: GPUSharePreemption
+        disabled:
+          - name: DefaultPreemption
       postFilter:
         enabled:
           - name: GPUShare
-          - name: DefaultPreemption
+          - name: GPUSharePreemption
         disabled:
           - name: "*"
       bind:
@@ -124,6 +133,9 @@ profiles:
       multiPoint:
         enabled:
           - name: GPUShare
+          - name: GPUSharePreemption
+        disabled:
+          - name: DefaultPreemption
       score:
         disabled:
           - name: NodeResourcesFit
@@ -131,7 +143,7 @@ profiles:
       postFilter:
         enabled:
           - name: GPUShare
-          - name: DefaultPreemption
+          - name: GPUSharePreemption
         disabled:
           - name: "*"
       bind:
@@ -174,15 +186,21 @@ profiles:
   - schedulerName: tessera-binpack
     plugins:
       multiPoint:
+        # GPUSharePreemption is DefaultPreemption (same victims, same
+        # evictions) that also records for whom each victim is evicted, so
+        # that a nominated pod is placed on its own victims' cards.
         enabled:
           - name: GPUShare
+          - name: GPUSharePreemption
+        disabled:
+          - name: DefaultPreemption
       postFilter:
         # GPUShare's PostFilter only explains (one sentence on what the GPUs
         # lacked, added to the pending pod's condition); it runs first so
-        # that DefaultPreemption, which preempts, still always runs.
+        # that GPUSharePreemption, which preempts, still always runs.
         enabled:
           - name: GPUShare
-          - name: DefaultPreemption
+          - name: GPUSharePreemption
         disabled:
           - name: "*"
       bind:
@@ -227,10 +245,13 @@ profiles:
       multiPoint:
         enabled:
           - name: GPUShare
+          - name: GPUSharePreemption
+        disabled:
+          - name: DefaultPreemption
       postFilter:
         enabled:
           - name: GPUShare
-          - name: DefaultPreemption
+          - name: GPUSharePreemption
         disabled:
           - name: "*"
       bind:
@@ -259,6 +280,9 @@ profiles:
       multiPoint:
         enabled:
           - name: GPUShare
+          - name: GPUSharePreemption
+        disabled:
+          - name: DefaultPreemption
       score:
         disabled:
           - name: NodeResourcesFit
@@ -266,7 +290,7 @@ profiles:
       postFilter:
         enabled:
           - name: GPUShare
-          - name: DefaultPreemption
+          - name: GPUSharePreemption
         disabled:
           - name: "*"
       bind:

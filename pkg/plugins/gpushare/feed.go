@@ -47,6 +47,8 @@ type feed struct {
 	logger         klog.Logger
 	// pods indexes the scheduler's pod informer by UID.
 	pods cache.Indexer
+	// victims records for whom each preemption victim is evicted.
+	victims *victimBook
 	// nominator tells which pods are nominated to a node (the scheduling
 	// queue, which every profile shares).
 	nominator fwk.PodNominator
@@ -111,6 +113,7 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpu
 	}
 	f.pods = podInformer.GetIndexer()
 	f.nominator = h
+	f.victims = victimBookFor(ctx, factory)
 	pods, err := podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    f.onPod,
 		UpdateFunc: func(oldObj, obj any) { f.onPod(obj); f.onNomination(oldObj, obj) },
@@ -247,6 +250,7 @@ func (f *feed) onPodGone(obj any) {
 		return
 	}
 	f.onPodDelete(pod)
+	f.victims.drop(pod.UID)
 	if pod.Spec.NodeName != "" && preemption.PodTerminatingByPreemption(pod) {
 		f.retryNominated(pod.Spec.NodeName)
 	}
@@ -277,7 +281,7 @@ func (f *feed) onNomination(oldObj, obj any) {
 		return
 	}
 	for _, o := range objs {
-		if victim, ok := o.(*v1.Pod); ok && victimOf(victim, pod) {
+		if victim, ok := o.(*v1.Pod); ok && f.victims.evictedFor(victim, pod) {
 			return // its deletion will retry the pod (retryNominated)
 		}
 	}

@@ -10,7 +10,6 @@ import (
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
-	"k8s.io/kubernetes/pkg/scheduler/framework/preemption"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -47,7 +46,7 @@ func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInf
 	// writes may reach it before the snapshot of the cycle right after.
 	freed := slices.Clone(base)
 	for _, pi := range nodeInfo.GetPods() {
-		if victim := p.latest(pi.GetPod()); victim != nil && victimOf(victim, nominated) {
+		if victim := p.latest(pi.GetPod()); victim != nil && p.victims.evictedFor(victim, nominated) {
 			freed = append(freed, p.ledger.PodDeltas(victim.UID, node.Name, -1)...)
 		}
 	}
@@ -74,15 +73,6 @@ func (p *Plugin) nominatedOn(ctx context.Context, pod *v1.Pod, nodeInfo fwk.Node
 	return deltas
 }
 
-// victimOf reports whether pod is being terminated by the scheduler's
-// preemption (its DisruptionTarget condition, which only the scheduler sets
-// on a pod it evicts) and ranks below preemptor: the pods whose cards a
-// preemptor on their node waits for. A pod its owner deleted, however long
-// its grace period, is not one.
-func victimOf(pod, preemptor *v1.Pod) bool {
-	return preemption.PodTerminatingByPreemption(pod) && corev1helpers.PodPriority(pod) < corev1helpers.PodPriority(preemptor)
-}
-
 // holdUntil is when a victim stops holding its preemptor to its node: its
 // deletion deadline (the deletion plus its grace period), and no later than
 // maxVictimWait after the preemption.
@@ -101,11 +91,12 @@ func holdUntil(victim *v1.Pod) time.Time {
 // awaitVictims keeps a preemptor to the node it was nominated to while its
 // victims there are still terminating, up to holdUntil: otherwise room
 // appearing elsewhere first would let it bind there, and its victims would
-// have been evicted for nothing. Only pods the scheduler is evicting count
-// (victimOf), so a tenant's own pod with a long grace period cannot pin it.
-// Which preemptor chose which victim is not recorded: a lower-priority pod
-// evicted for another preemptor on the same node holds it too, as upstream's
-// eligibility check has it, and this holds after a scheduler restart alike.
+// have been evicted for nothing. Only pods the scheduler evicted for it count
+// (victimBook.evictedFor), so a tenant's own pod with a long grace period
+// cannot pin it, nor can another preemptor's victims. After a scheduler
+// restart, which preemptor chose which victim is not known: any victim of
+// lower priority on the node holds it then, as upstream's eligibility check
+// has it, still no longer than holdUntil.
 func (p *Plugin) awaitVictims(pod *v1.Pod, now time.Time) *fwk.PreFilterResult {
 	nominated := pod.Status.NominatedNodeName
 	lister := p.handle.SnapshotSharedLister()
@@ -117,7 +108,7 @@ func (p *Plugin) awaitVictims(pod *v1.Pod, now time.Time) *fwk.PreFilterResult {
 		return nil
 	}
 	for _, pi := range nodeInfo.GetPods() {
-		if victim := p.latest(pi.GetPod()); victim != nil && victimOf(victim, pod) && now.Before(holdUntil(victim)) {
+		if victim := p.latest(pi.GetPod()); victim != nil && p.victims.evictedFor(victim, pod) && now.Before(holdUntil(victim)) {
 			return &fwk.PreFilterResult{NodeNames: sets.New(nominated)}
 		}
 	}
