@@ -276,7 +276,7 @@ func (e *env) podsNow() string {
 	}
 	var b strings.Builder
 	for _, p := range pods.Items {
-		fmt.Fprintf(&b, "%s node=%q nominated=%q terminating=%t assignment=%s\n", p.Name, p.Spec.NodeName, p.Status.NominatedNodeName,
+		fmt.Fprintf(&b, "%s priority=%d node=%q nominated=%q terminating=%t assignment=%s\n", p.Name, priority(&p), p.Spec.NodeName, p.Status.NominatedNodeName,
 			p.DeletionTimestamp != nil, p.Annotations[gpuinfo.AssignmentAnnotation])
 	}
 	// The claims of the namespace, and any other allocated on its nodes'

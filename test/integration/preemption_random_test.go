@@ -181,7 +181,7 @@ func (e *env) settleWithoutMissedPreemption() []v1.Pod {
 		return len(missed) == 0, nil
 	})
 	if err != nil {
-		e.tCtx.Fatalf("pending pods that evicting lower-priority pods would place:\n%s", strings.Join(missed, "\n"))
+		e.tCtx.Fatalf("pending pods that evicting lower-priority pods would place:\n%s\nall pods:\n%s", strings.Join(missed, "\n"), e.podsNow())
 	}
 	return pods
 }

@@ -181,8 +181,9 @@ func (f *feed) onNodeDelete(obj any) {
 }
 
 // onPod records a bound pod's cards from its assignment annotation and frees
-// them once the pod has finished. Pods not bound yet are left alone: an
-// assumed pod's cards stay reserved until it is bound or Unreserve runs.
+// them once the pod has finished; a bound pod claims no victims' cards any
+// more. Pods not bound yet are left alone: an assumed pod's cards stay
+// reserved until it is bound or Unreserve runs.
 func (f *feed) onPod(obj any) {
 	pod, ok := obj.(*v1.Pod)
 	if !ok {
@@ -193,8 +194,12 @@ func (f *feed) onPod(obj any) {
 		f.priorities.forget(pod.UID)
 		return
 	}
+	if pod.Spec.NodeName == "" {
+		return
+	}
+	f.victims.release(pod.UID)
 	raw, ok := pod.Annotations[gpuinfo.AssignmentAnnotation]
-	if !ok || pod.Spec.NodeName == "" {
+	if !ok {
 		return
 	}
 	a, err := gpuinfo.DecodeAssignment(raw)
@@ -251,6 +256,7 @@ func (f *feed) onPodGone(obj any) {
 	}
 	f.onPodDelete(pod)
 	f.victims.drop(pod.UID)
+	f.victims.release(pod.UID)
 	if pod.Spec.NodeName != "" && preemption.PodTerminatingByPreemption(pod) {
 		f.retryNominated(pod.Spec.NodeName)
 	}

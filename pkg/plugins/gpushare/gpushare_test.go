@@ -44,6 +44,9 @@ type harness struct {
 	client    *clientsetfake.Clientset
 	recorder  *events.FakeRecorder
 	activator *fakeActivator
+	// queue is the scheduling queue, the framework's pod nominator: a
+	// nominated pod it does not hold is known by name only.
+	queue internalqueue.SchedulingQueue
 }
 
 // fakeActivator records the pods the plugin moves back to the active queue.
@@ -113,11 +116,14 @@ func harnessOf(t testing.TB, a *config.GPUShareArgs, reporting bool, objs ...run
 		}
 	}
 	schedmetrics.Register() // the scheduling queue, the framework's pod nominator, records into them
+	queue := internalqueue.NewSchedulingQueue(func(fwk.QueuedEntityInfo, fwk.QueuedEntityInfo) bool { return false }, factory)
 	fh, err := frameworkruntime.NewFramework(tCtx, nil, nil,
 		frameworkruntime.WithSnapshotSharedLister(internalcache.NewSnapshot(pods, nodes)),
 		frameworkruntime.WithClientSet(client), frameworkruntime.WithInformerFactory(factory),
 		frameworkruntime.WithEventRecorder(recorder), frameworkruntime.WithPodActivator(activator),
-		frameworkruntime.WithPodNominator(internalqueue.NewSchedulingQueue(nil, factory)))
+		frameworkruntime.WithPodNominator(queue),
+		frameworkruntime.WithWaitingPods(frameworkruntime.NewWaitingPodsMap()),
+		frameworkruntime.WithPodsInPreBind(frameworkruntime.NewPodsInPreBindMap()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +141,7 @@ func harnessOf(t testing.TB, a *config.GPUShareArgs, reporting bool, objs ...run
 	if !pl.waitForLedger(tCtx) {
 		t.Fatal("ledger did not sync")
 	}
-	return &harness{ctx: tCtx, plugin: pl, client: client, recorder: recorder, activator: activator}
+	return &harness{ctx: tCtx, plugin: pl, client: client, recorder: recorder, activator: activator, queue: queue}
 }
 
 // nodeInfo is the scheduler's view of node as the harness's snapshot holds

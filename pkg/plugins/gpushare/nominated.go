@@ -23,11 +23,13 @@ const maxVictimWait = 5 * time.Minute
 // nominatedDeltas returns, on top of base, what a nominated pod will hold on
 // the node: upstream's nominated-pod semantics, card by card. A pod the
 // ledger places there already (a preemption victim reprieved in a dry run)
-// holds its own cards. A preemptor that does not fit yet, because its
-// victims still hold their cards, is placed as it will be once they are
-// gone: the cards it will get are kept from the pods it outranks or equals,
-// whichever cards they would otherwise choose. Nil when it cannot be placed
-// even so.
+// holds its own cards. A preemptor holds the cards its own victims hold or
+// held (victimBook.claimed), where it fits on them, so that another
+// preemptor nominated to the node, or a pod of its priority, does not take
+// them; otherwise, where it fits now, what the policy chooses; otherwise it
+// is placed as it will be once its victims still terminating are gone. The
+// cards it will get are kept from the pods it outranks or equals. Nil when
+// it cannot be placed even so.
 func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInfo fwk.NodeInfo, base []allocator.Delta) []allocator.Delta {
 	node := nodeInfo.Node()
 	if d := p.ledger.PodDeltas(nominated.UID, node.Name, 1); d != nil {
@@ -39,24 +41,35 @@ func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInf
 	}
 	order := gpuinfo.ContainerOrder(nominated)
 	st := allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(p.reservations.against(nominated), node)}
-	if d, ok := p.ledger.Simulate(node.Name, order, req, base, st); ok {
-		return d
-	}
-	// Its victims are read from the informer's store: the preemption's
-	// writes may reach it before the snapshot of the cycle right after.
-	freed := slices.Clone(base)
-	for _, pi := range nodeInfo.GetPods() {
-		if victim := p.latest(pi.GetPod()); victim != nil && p.victims.evictedFor(victim, nominated) {
-			freed = append(freed, p.ledger.PodDeltas(victim.UID, node.Name, -1)...)
+	if claimed := p.victims.claimed(nominated.UID, node.Name); claimed != nil {
+		if d, ok := p.ledger.Simulate(node.Name, order, req, p.withoutVictims(nominated, nodeInfo, base), st, claimed); ok {
+			return d
 		}
 	}
-	if len(freed) > len(base) {
-		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st); ok {
+	if d, ok := p.ledger.Simulate(node.Name, order, req, base, st, nil); ok {
+		return d
+	}
+	if freed := p.withoutVictims(nominated, nodeInfo, base); len(freed) > len(base) {
+		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st, nil); ok {
 			return d
 		}
 	}
 	klog.FromContext(ctx).V(4).Info("Nominated pod does not fit its node's GPUs, even without its victims", "pod", klog.KObj(nominated), "node", node.Name)
 	return nil
+}
+
+// withoutVictims returns base with the cards of preemptor's victims still
+// on the node freed. Its victims are read from the informer's store: the
+// preemption's writes may reach it before the snapshot of the cycle right
+// after.
+func (p *Plugin) withoutVictims(preemptor *v1.Pod, nodeInfo fwk.NodeInfo, base []allocator.Delta) []allocator.Delta {
+	freed := slices.Clone(base)
+	for _, pi := range nodeInfo.GetPods() {
+		if victim := p.latest(pi.GetPod()); victim != nil && p.victims.evictedFor(victim, preemptor) {
+			freed = append(freed, p.ledger.PodDeltas(victim.UID, nodeInfo.Node().Name, -1)...)
+		}
+	}
+	return freed
 }
 
 // nominatedOn returns the deltas of the pods nominated to the node that the

@@ -60,7 +60,7 @@ func NewPreemption(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.P
 		// Recorded before the eviction is written, so that no informer
 		// event shows the victim terminating without it.
 		uids := preemptorUIDs(preemptor)
-		book.record(victim.UID, uids)
+		book.record(victim, uids)
 		inMemory, err := evict(ctx, c, preemptor, victim, pluginName)
 		if inMemory || err != nil {
 			book.forget(victim.UID, uids)
