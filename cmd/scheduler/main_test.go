@@ -65,6 +65,11 @@ func TestShippedConfigurationLoads(t *testing.T) {
 	binders := map[string][]string{}
 	for name, plugins := range profiles {
 		binders[name] = names(plugins.Bind)
+		// GPUShare explains first; GPUSharePreemption, in DefaultPreemption's
+		// place, preempts.
+		if diff := cmp.Diff([]string{gpushare.Name, gpushare.PreemptionName}, names(plugins.PostFilter)); diff != "" {
+			t.Errorf("profile %s: PostFilter plugins (-want,+got):\n%s", name, diff)
+		}
 		// GPUShare's PreFilter narrows what NodeResourcesFit's Filter checks,
 		// so it must run after NodeResourcesFit's.
 		preFilter := names(plugins.PreFilter)
@@ -99,5 +104,28 @@ profiles:
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
+	}
+}
+
+// TestPreemptionArgsReachThePlugin: DefaultPreemptionArgs given under
+// GPUSharePreemption's name are decoded and validated at start-up.
+func TestPreemptionArgsReachThePlugin(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(config, []byte(`apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: tessera-binpack
+  plugins:
+    multiPoint: {enabled: [{name: GPUShare}, {name: GPUSharePreemption}], disabled: [{name: DefaultPreemption}]}
+  pluginConfig:
+  - name: GPUSharePreemption
+    args: {minCandidateNodesPercentage: 200}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := setup(t, config)
+	if err == nil || !strings.Contains(err.Error(), "minCandidateNodesPercentage") {
+		t.Fatalf("set-up with an out-of-range minCandidateNodesPercentage: %v, want an error naming it", err)
 	}
 }

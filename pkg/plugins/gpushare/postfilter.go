@@ -28,7 +28,7 @@ const maxQuoted = 64
 // most 24576 MiB free on a GPU; 8 nodes have no GPU matching model a100").
 // It preempts nothing: it returns Unschedulable with that sentence, which
 // kube-scheduler adds to the pod's condition and FailedScheduling Event, and
-// DefaultPreemption, configured after it, runs as usual. It runs only for
+// GPUSharePreemption, configured after it, runs as usual. It runs only for
 // pods that failed, and recomputes each node's answer off the Filter path,
 // so it costs the scheduling of pods that fit nothing.
 func (p *Plugin) PostFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod, statuses fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {

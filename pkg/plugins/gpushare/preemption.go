@@ -71,7 +71,10 @@ func NewPreemption(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.P
 }
 
 // preemptionArgs returns DefaultPreemption's internal args, defaulted as
-// kube-scheduler defaults them when none were given.
+// kube-scheduler defaults them. kube-scheduler decodes the args of a
+// plugin by its name (GPUSharePreemptionArgs, a kind it does not know), so
+// a profile's args arrive undecoded: they are decoded, strictly, as
+// DefaultPreemptionArgs.
 func preemptionArgs(obj runtime.Object) (*schedconfig.DefaultPreemptionArgs, error) {
 	switch a := obj.(type) {
 	case *schedconfig.DefaultPreemptionArgs:
@@ -81,6 +84,17 @@ func preemptionArgs(obj runtime.Object) (*schedconfig.DefaultPreemptionArgs, err
 		schedscheme.Scheme.Default(v)
 		out := &schedconfig.DefaultPreemptionArgs{}
 		return out, schedscheme.Scheme.Convert(v, out, nil)
+	case *runtime.Unknown:
+		gvk := kubeschedulerv1.SchemeGroupVersion.WithKind("DefaultPreemptionArgs")
+		decoded, _, err := schedscheme.Codecs.UniversalDecoder().Decode(a.Raw, &gvk, nil)
+		if err != nil {
+			return nil, fmt.Errorf("%s: decoding args as DefaultPreemptionArgs: %w", PreemptionName, err)
+		}
+		out, ok := decoded.(*schedconfig.DefaultPreemptionArgs)
+		if !ok {
+			return nil, fmt.Errorf("%s: want args of type DefaultPreemptionArgs, got %T", PreemptionName, decoded)
+		}
+		return out, nil
 	default:
 		return nil, fmt.Errorf("%s: want args of type DefaultPreemptionArgs, got %T", PreemptionName, obj)
 	}

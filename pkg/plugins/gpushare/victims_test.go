@@ -2,6 +2,7 @@ package gpushare
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	schedconfig "k8s.io/kubernetes/pkg/scheduler/apis/config"
 	"k8s.io/kubernetes/pkg/scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
@@ -225,3 +227,37 @@ func (p podPreemptor) Obj() runtime.Object      { return p.Pod }
 func (p podPreemptor) Pods() map[string]*v1.Pod { return map[string]*v1.Pod{p.Name: p.Pod} }
 func (p podPreemptor) Priority() int32          { return *p.Spec.Priority }
 func (p podPreemptor) Type() string             { return "pod" }
+
+func TestPreemptionArgs(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    runtime.Object
+		want    *schedconfig.DefaultPreemptionArgs
+		wantErr string
+	}{
+		{name: "none: kube-scheduler's defaults", want: &schedconfig.DefaultPreemptionArgs{MinCandidateNodesPercentage: 10, MinCandidateNodesAbsolute: 100}},
+		{name: "a profile's, undecoded", args: &runtime.Unknown{Raw: []byte(`{"minCandidateNodesPercentage": 20}`)},
+			want: &schedconfig.DefaultPreemptionArgs{MinCandidateNodesPercentage: 20, MinCandidateNodesAbsolute: 100}},
+		{name: "an unknown field", args: &runtime.Unknown{Raw: []byte(`{"minCandidateNodes": 20}`)},
+			wantErr: `unknown field "minCandidateNodes"`},
+		{name: "another plugin's args", args: &schedconfig.NodeResourcesFitArgs{},
+			wantErr: "want args of type DefaultPreemptionArgs, got *config.NodeResourcesFitArgs"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := preemptionArgs(tc.args)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("args (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
