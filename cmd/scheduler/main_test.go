@@ -82,50 +82,48 @@ func TestShippedConfigurationLoads(t *testing.T) {
 	}
 }
 
+// TestInvalidArgsStopStartUp: invalid args of GPUShare, and of
+// GPUSharePreemption (DefaultPreemptionArgs given under its name, decoded
+// and validated at start-up), stop the scheduler with the fields named.
 func TestInvalidArgsStopStartUp(t *testing.T) {
-	config := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(config, []byte(`apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-leaderElection: {leaderElect: false}
-profiles:
-- schedulerName: tessera-binpack
+	tests := []struct {
+		name    string
+		profile string
+		want    []string
+	}{
+		{name: "GPUShare", want: []string{"nodePolicy", "Tightest", "resourceNames.gpu"}, profile: `
   plugins: {multiPoint: {enabled: [{name: GPUShare}]}}
   pluginConfig:
   - name: GPUShare
     args: {nodePolicy: Tightest, resourceNames: {gpu: gpus}}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	_, err := setup(t, config)
-	if err == nil {
-		t.Fatal("set-up accepted invalid GPUShare args")
-	}
-	for _, want := range []string{"nodePolicy", "Tightest", "resourceNames.gpu"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
-	}
-}
-
-// TestPreemptionArgsReachThePlugin: DefaultPreemptionArgs given under
-// GPUSharePreemption's name are decoded and validated at start-up.
-func TestPreemptionArgsReachThePlugin(t *testing.T) {
-	config := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(config, []byte(`apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-leaderElection: {leaderElect: false}
-profiles:
-- schedulerName: tessera-binpack
+`},
+		{name: "GPUSharePreemption", want: []string{"minCandidateNodesPercentage"}, profile: `
   plugins:
     multiPoint: {enabled: [{name: GPUShare}, {name: GPUSharePreemption}], disabled: [{name: DefaultPreemption}]}
   pluginConfig:
   - name: GPUSharePreemption
     args: {minCandidateNodesPercentage: 200}
-`), 0o600); err != nil {
-		t.Fatal(err)
+`},
 	}
-	_, err := setup(t, config)
-	if err == nil || !strings.Contains(err.Error(), "minCandidateNodesPercentage") {
-		t.Fatalf("set-up with an out-of-range minCandidateNodesPercentage: %v, want an error naming it", err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			config := filepath.Join(t.TempDir(), "config.yaml")
+			if err := os.WriteFile(config, []byte(`apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: tessera-binpack`+tc.profile), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := setup(t, config)
+			if err == nil {
+				t.Fatalf("set-up accepted invalid %s args", tc.name)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+		})
 	}
 }
