@@ -68,8 +68,9 @@ type PodStatus struct {
 	Scheduled string `json:"scheduled,omitempty"`
 	// Nominated is, for a pending pod, the node preemption made room on.
 	Nominated string `json:"nominated,omitempty"`
-	// Victims are, for a nominated pod, the pods the scheduler is evicting
-	// on that node (namespace/name), whose cards it waits for.
+	// Victims are, for a nominated pod, the lower-priority pods the
+	// scheduler is evicting on that node (namespace/name), for it or for
+	// another preemptor there.
 	Victims []string `json:"victims,omitempty"`
 	// Reservations are, for a pending pod, the GPUReservations that keep
 	// cards from it.

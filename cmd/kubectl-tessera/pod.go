@@ -199,7 +199,7 @@ func printPod(w io.Writer, pod *v1.Pod, s PodStatus, assignmentErr error) error 
 	} else if s.Nominated != "" {
 		fmt.Fprintf(w, "Nominated:   %s (preemption under way)\n", s.Nominated)
 		if len(s.Victims) > 0 {
-			fmt.Fprintf(w, "Victims:     %s (terminating, evicted by the scheduler: the pod waits for their cards)\n", strings.Join(s.Victims, ", "))
+			fmt.Fprintf(w, "Victims:     %s (terminating, evicted by the scheduler for this pod or another preemptor on the node)\n", strings.Join(s.Victims, ", "))
 		}
 	}
 	for _, r := range s.Reservations {

@@ -20,9 +20,10 @@ import (
 )
 
 // victims lists the pods the scheduler is evicting on the node a pending
-// pod is nominated to, for it or for another preemptor there: lower
-// priority and terminating by preemption, the pods the scheduler holds the
-// preemptor to that node for (docs/design.md, "Preemption").
+// pod is nominated to: lower priority and terminating by preemption. They
+// may be evicted for it or for another preemptor there; which is recorded
+// in the scheduler's memory only, where it holds the preemptor to the node
+// for its own victims alone (docs/design.md, "Preemption").
 func victims(ctx context.Context, client kubernetes.Interface, pod *v1.Pod) ([]string, error) {
 	node := pod.Status.NominatedNodeName
 	if node == "" || pod.Spec.NodeName != "" {

@@ -41,15 +41,20 @@ func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInf
 	}
 	order := gpuinfo.ContainerOrder(nominated)
 	st := allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(p.reservations.against(nominated), node)}
+	var freed []allocator.Delta // computed once, when first needed
 	if claimed := p.victims.claimed(nominated.UID, node.Name); claimed != nil {
-		if d, ok := p.ledger.Simulate(node.Name, order, req, p.withoutVictims(nominated, nodeInfo, base), st, claimed); ok {
+		freed = p.withoutVictims(nominated, nodeInfo, base)
+		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st, claimed); ok {
 			return d
 		}
 	}
 	if d, ok := p.ledger.Simulate(node.Name, order, req, base, st, nil); ok {
 		return d
 	}
-	if freed := p.withoutVictims(nominated, nodeInfo, base); len(freed) > len(base) {
+	if freed == nil {
+		freed = p.withoutVictims(nominated, nodeInfo, base)
+	}
+	if len(freed) > len(base) {
 		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st, nil); ok {
 			return d
 		}

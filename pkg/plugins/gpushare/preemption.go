@@ -80,10 +80,7 @@ func preemptionArgs(obj runtime.Object) (*schedconfig.DefaultPreemptionArgs, err
 	case *schedconfig.DefaultPreemptionArgs:
 		return a, nil
 	case nil:
-		v := &kubeschedulerv1.DefaultPreemptionArgs{}
-		schedscheme.Scheme.Default(v)
-		out := &schedconfig.DefaultPreemptionArgs{}
-		return out, schedscheme.Scheme.Convert(v, out, nil)
+		return preemptionArgs(&runtime.Unknown{Raw: []byte("{}")})
 	case *runtime.Unknown:
 		gvk := kubeschedulerv1.SchemeGroupVersion.WithKind("DefaultPreemptionArgs")
 		decoded, _, err := schedscheme.Codecs.UniversalDecoder().Decode(a.Raw, &gvk, nil)
