@@ -16,7 +16,7 @@ import (
 // Inventory returns a healthy inventory of n identical cards whose UUIDs
 // start with prefix.
 func Inventory(prefix, model string, memoryMiB int64, n int) *gpuinfo.Inventory {
-	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion}
+	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion1}
 	for i := 0; i < n; i++ {
 		inv.Cards = append(inv.Cards, gpuinfo.Card{
 			Index: i, UUID: fmt.Sprintf("GPU-%s-%d", prefix, i), Model: model,

@@ -16,6 +16,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // Agent runs discovery and publishing for one node.
@@ -35,8 +36,12 @@ type Agent struct {
 	// Enforcement, when set, is the NRI plugin: its readiness goes on the
 	// heartbeat Lease at once when it changes, and a lasting loss is told
 	// on the Node as an Event.
-	Enforcement       Enforcement
-	Publisher         *publish.Publisher
+	Enforcement Enforcement
+	Publisher   *publish.Publisher
+	// InventoryVersion is the inventory version published: 1 (also when
+	// 0) or 2, which adds the cards' MIG geometry and which schedulers of
+	// earlier releases refuse.
+	InventoryVersion  int
 	RescanInterval    time.Duration
 	HeartbeatInterval time.Duration
 
@@ -194,7 +199,7 @@ func (a *Agent) scan(ctx context.Context) error {
 	if a.Metrics != nil {
 		a.Metrics.Update(cards)
 	}
-	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards))
+	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards, max(a.InventoryVersion, gpuinfo.InventoryVersion1)))
 	if err != nil {
 		return errors.Join(scanErr, err)
 	}

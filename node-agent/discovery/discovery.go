@@ -21,10 +21,12 @@ type Card struct {
 	MemoryMiB int64
 	// NUMANode is -1 when unknown.
 	NUMANode int
-	// MIGEnabled reports the card's current MIG mode; MIG partitioning is not
-	// managed by Tessera.
+	// MIGEnabled reports the card's current MIG mode.
 	MIGEnabled bool
-	Healthy    bool
+	// MIG is the card's MIG geometry when it is in MIG mode and the backend
+	// could read it; nil otherwise (then the card takes no pods).
+	MIG     *gpuinfo.MIG
+	Healthy bool
 }
 
 // Backend lists the node's cards.
@@ -42,14 +44,20 @@ type XIDWatcher interface {
 	WatchXIDs(ctx context.Context, report func(uuid string, xid uint64)) error
 }
 
-// Inventory converts cards into the inventory annotation's content.
-func Inventory(cards []Card) *gpuinfo.Inventory {
-	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion, Cards: []gpuinfo.Card{}}
+// Inventory converts cards into the inventory annotation's content, in the
+// given version: version 1 leaves out the cards' MIG geometry (a card in MIG
+// mode then takes no pods), as schedulers of earlier releases require.
+func Inventory(cards []Card, version int) *gpuinfo.Inventory {
+	inv := &gpuinfo.Inventory{Version: version, Cards: []gpuinfo.Card{}}
 	for _, c := range cards {
-		inv.Cards = append(inv.Cards, gpuinfo.Card{
+		card := gpuinfo.Card{
 			Index: c.Index, UUID: c.UUID, Model: c.Model, MemoryMiB: c.MemoryMiB,
 			Cores: gpuinfo.FullCores, NUMANode: c.NUMANode, Healthy: c.Healthy, MIGEnabled: c.MIGEnabled,
-		})
+		}
+		if version >= gpuinfo.InventoryVersion2 && c.MIGEnabled {
+			card.MIG = c.MIG
+		}
+		inv.Cards = append(inv.Cards, card)
 	}
 	return inv
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 func TestSimulated(t *testing.T) {
@@ -37,7 +38,7 @@ func TestSimulated(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("cards (-want,+got):\n%s", diff)
 			}
-			if err := Inventory(got).Validate(); err != nil {
+			if err := Inventory(got, gpuinfo.InventoryVersion2).Validate(); err != nil {
 				t.Errorf("inventory of simulated cards is invalid: %v", err)
 			}
 		})

@@ -25,8 +25,11 @@ var knownModels = map[string]struct {
 
 // Simulated is a backend whose cards are described by a spec such as
 // "8xA100-80GB" or "4xT4-16GB,2xL4-24GB". A model not in the table is taken
-// as "<name>-<N>GB" with N GiB of memory. UUIDs derive from the node name, so
-// they are stable across restarts.
+// as "<name>-<N>GB" with N GiB of memory. Cards in MIG mode list their MIG
+// instances after a colon, "+" between them, each "PROFILE[@START]":
+// "1xA100-40GB:mig=3g.20gb+1g.5gb+1g.5gb@6" (an empty list, "mig=", is MIG
+// mode without instances). UUIDs derive from the node name, so they are
+// stable across restarts.
 type Simulated struct {
 	cards []Card
 
@@ -44,19 +47,45 @@ func NewSimulated(node, spec string) (*Simulated, error) {
 		if !ok || err != nil || count < 1 {
 			return nil, fmt.Errorf("simulated GPUs %q: want COUNTxMODEL-MEMORYGB, e.g. 8xA100-80GB", part)
 		}
+		kind, migSpec, inMIG := strings.Cut(kind, ":")
 		model, memoryMiB, err := parseKind(kind)
+		if err != nil {
+			return nil, fmt.Errorf("simulated GPUs %q: %w", part, err)
+		}
+		instances, err := parseMIGSpec(migSpec, inMIG)
 		if err != nil {
 			return nil, fmt.Errorf("simulated GPUs %q: %w", part, err)
 		}
 		for i := 0; i < count; i++ {
 			index := len(s.cards)
-			s.cards = append(s.cards, Card{
+			c := Card{
 				Index: index, Minor: index, UUID: fmt.Sprintf("GPU-sim-%s-%d", node, index), Model: model,
-				MemoryMiB: memoryMiB, NUMANode: -1, Healthy: true,
-			})
+				MemoryMiB: memoryMiB, NUMANode: -1, Healthy: true, MIGEnabled: inMIG,
+			}
+			if inMIG {
+				if c.MIG, err = simulatedGeometry(node, index, kind, memoryMiB, instances); err != nil {
+					return nil, fmt.Errorf("simulated GPUs %q: %w", part, err)
+				}
+			}
+			s.cards = append(s.cards, c)
 		}
 	}
 	return s, nil
+}
+
+// parseMIGSpec reads "mig=PROFILE[@START]+...", what follows a model's colon.
+func parseMIGSpec(spec string, present bool) ([]string, error) {
+	if !present {
+		return nil, nil
+	}
+	list, ok := strings.CutPrefix(spec, "mig=")
+	if !ok {
+		return nil, fmt.Errorf("%q: want mig=PROFILE[@START]+..., e.g. mig=3g.20gb+1g.5gb", spec)
+	}
+	if list == "" {
+		return nil, nil
+	}
+	return strings.Split(list, "+"), nil
 }
 
 func parseKind(kind string) (string, int64, error) {

@@ -63,18 +63,73 @@ type Card struct {
 	// Healthy is false for a card that must get no new work: unhealthy, or
 	// in MIG mode (MIG marks which).
 	Healthy bool
-	// MIG marks a card in MIG mode: its parent UUID gives a container no
-	// usable device, so Tessera does not place pods on it yet.
+	// MIG marks a card in MIG mode: its UUID gives a container no usable
+	// device, so only its slices take pods.
 	MIG bool
+	// Slice, when set, makes this entry one MIG slice of a card in MIG mode
+	// (which precedes it): Index, Model and UUIDLower are the card's, UUID
+	// is the slice's SliceKey and Capacity the slice's memory and the whole
+	// of its compute. Only MIG requests use slices, and only slices serve
+	// them.
+	Slice *Slice
 }
 
-// NewCards converts an inventory's cards.
+// Slice is what names a MIG slice on its card.
+type Slice struct {
+	// CardUUID is the UUID of the card in MIG mode.
+	CardUUID string
+	// Profile and Start are the slice's profile and first memory slot.
+	Profile string
+	Start   int
+	// DeviceUUID is the MIG device's UUID.
+	DeviceUUID string
+}
+
+// MaxUnits bounds the entries of a node's card list: every card and each of
+// its MIG slices.
+const MaxUnits = gpuinfo.MaxCardsPerNode * (1 + gpuinfo.MaxMIGSlots)
+
+// NewCards converts an inventory's cards: each card, followed by its MIG
+// slices where it has any.
 func NewCards(inv *gpuinfo.Inventory) []Card {
-	cards := make([]Card, len(inv.Cards))
-	for i, c := range inv.Cards {
-		cards[i] = NewCard(c)
+	cards := make([]Card, 0, len(inv.Cards))
+	for _, c := range inv.Cards {
+		cards = append(cards, NewCard(c))
+		cards = appendSlices(cards, c)
 	}
 	return cards
+}
+
+// appendSlices appends the MIG slices of card c.
+func appendSlices(cards []Card, c gpuinfo.Card) []Card {
+	if c.MIG == nil {
+		return cards
+	}
+	for _, in := range c.MIG.Instances {
+		p := c.MIG.Profile(in.Profile)
+		cards = append(cards, Card{
+			Index:      c.Index,
+			UUID:       gpuinfo.SliceKey(c.UUID, in.Profile, in.Start),
+			Model:      c.Model,
+			ModelLower: strings.ToLower(c.Model),
+			UUIDLower:  strings.ToLower(c.UUID),
+			Capacity:   Usage{MemoryMiB: p.MemoryMiB, Cores: gpuinfo.FullCores},
+			Healthy:    c.Healthy && in.Healthy,
+			Slice:      &Slice{CardUUID: c.UUID, Profile: in.Profile, Start: in.Start, DeviceUUID: in.UUID},
+		})
+	}
+	return cards
+}
+
+// TakesShares reports whether the entry is a whole card that may take new
+// work: healthy, not in MIG mode, not a slice.
+func (c *Card) TakesShares() bool { return c.Healthy && c.Slice == nil }
+
+// serves reports whether the entry may take new work of a request with the
+// given isolation: whole cards serve requests without MIG, slices serve MIG
+// requests.
+func (c *Card) serves(iso gpuinfo.Isolation) bool {
+	return c.Healthy && (c.Slice != nil) == iso.MIG()
 }
 
 // NewCard converts one card of an inventory, or one published as a DRA
@@ -93,12 +148,13 @@ func NewCard(c gpuinfo.Card) Card {
 }
 
 // need returns what a container takes from a card: an exclusive container
-// takes all of it.
-func need(c *gpuinfo.ContainerRequest, card *Card) Usage {
+// takes all of it, and ok is false when the card has less memory than it
+// asks for.
+func need(c *gpuinfo.ContainerRequest, card *Card) (nd Usage, ok bool) {
 	if c.Exclusive() {
-		return card.Capacity
+		return card.Capacity, c.MemoryMiB <= card.Capacity.MemoryMiB
 	}
-	return Usage{MemoryMiB: max(c.MemoryOn(card.Capacity.MemoryMiB), 1), Cores: c.Cores}
+	return Usage{MemoryMiB: max(c.MemoryOn(card.Capacity.MemoryMiB), 1), Cores: c.Cores}, true
 }
 
 // entryCharge returns what an assignment entry holds on a card.

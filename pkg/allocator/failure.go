@@ -18,9 +18,12 @@ const (
 	NoCapacity
 	// TooFewCards: a multi-card container found fewer cards with room than it needs.
 	TooFewCards
-	// InMIGMode: cards match and none is usable; some are in MIG mode, which
-	// Tessera does not place pods on yet.
+	// InMIGMode: cards match and none is usable; some are in MIG mode,
+	// whose slices serve MIG requests only.
 	InMIGMode
+	// NoMIGSlice: the pod asks for MIG and no matching card has a healthy
+	// MIG slice.
+	NoMIGSlice
 	// Reserved: the pod would fit but for the cards reserved for other pods
 	// (Strategy.Reserve).
 	Reserved
@@ -38,6 +41,8 @@ type Failure struct {
 	MostFree Usage
 	// Reserved is how many cards were reserved (Reserved).
 	Reserved int
+	// InSlices reports that the container was placed among MIG slices.
+	InSlices bool
 }
 
 // Message describes the failure for an operator, e.g. "no GPU has 8192 MiB
@@ -57,7 +62,9 @@ func (f *Failure) Message(selector string) string {
 	case NoHealthyCard:
 		return "no healthy GPU"
 	case InMIGMode:
-		return "GPUs in MIG mode (not supported yet)"
+		return "GPUs in MIG mode (ask for a slice with annotation " + gpuinfo.IsolationAnnotation + ")"
+	case NoMIGSlice:
+		return "no GPU in MIG mode with a healthy slice"
 	case Reserved:
 		return strconv.Itoa(f.Reserved) + " GPUs reserved for other pods"
 	case TooFewCards:
@@ -72,6 +79,14 @@ func (f *Failure) Message(selector string) string {
 	}
 	var b []byte
 	switch {
+	case f.InSlices && c.Exclusive() && c.MemoryMiB == 0:
+		return "no MIG slice is free"
+	case f.InSlices && c.Exclusive():
+		b = strconv.AppendInt([]byte("no free MIG slice has "), c.MemoryMiB, 10)
+		return string(append(b, " MiB"...))
+	case f.InSlices:
+		b = strconv.AppendInt([]byte("no MIG slice has "), c.MemoryMiB, 10)
+		return string(append(b, " MiB free"...))
 	case c.Exclusive():
 		return "no GPU is entirely free"
 	case c.MemoryMiB == 0:

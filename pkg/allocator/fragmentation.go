@@ -58,7 +58,7 @@ type fragment struct {
 	matches  [MaxShapes]bool
 	needs    [MaxShapes]Usage
 	// fitting has bit k set on card i when shape k fits it now.
-	fitting [gpuinfo.MaxCardsPerNode]uint64
+	fitting [MaxUnits]uint64
 }
 
 // freePermille is the usable part of a card, the scarcer of memory and
@@ -78,7 +78,9 @@ func (f *fragment) matchCard(w *Workload, card *Card) {
 	f.model, f.capacity = card.ModelLower, card.Capacity
 	for k := 0; k < f.shapes; k++ {
 		f.matches[k] = w.Shapes[k].Selector.Matches(card.ModelLower, "")
-		f.needs[k] = need(&w.Shapes[k].Container, card)
+		nd, ok := need(&w.Shapes[k].Container, card)
+		f.matches[k] = f.matches[k] && ok
+		f.needs[k] = nd
 	}
 }
 
@@ -102,7 +104,7 @@ func (f *fragment) measure(w *Workload, cards []Card, free []Usage, cpuFree int6
 	for i := range cards {
 		c := &cards[i]
 		f.fitting[i] = 0
-		if !c.Healthy {
+		if !c.TakesShares() {
 			continue
 		}
 		fp := freePermille(free[i], c.Capacity)
@@ -131,7 +133,7 @@ func (f *fragment) measure(w *Workload, cards []Card, free []Usage, cpuFree int6
 // as card i, or -1: such cards fit the same shapes.
 func sameCard(cards []Card, free []Usage, i int) int {
 	for j := 0; j < i; j++ {
-		if cards[j].Healthy && free[j] == free[i] && cards[j].Capacity == cards[i].Capacity && cards[j].ModelLower == cards[i].ModelLower {
+		if cards[j].TakesShares() && free[j] == free[i] && cards[j].Capacity == cards[i].Capacity && cards[j].ModelLower == cards[i].ModelLower {
 			return j
 		}
 	}

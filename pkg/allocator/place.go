@@ -30,11 +30,11 @@ type Outcome struct {
 
 // scratch is Place's working memory, pooled so Place does not allocate.
 type scratch struct {
-	free     [gpuinfo.MaxCardsPerNode]Usage
-	charge   [gpuinfo.MaxCardsPerNode]Usage
-	base     [gpuinfo.MaxCardsPerNode]Usage
-	eligible [gpuinfo.MaxCardsPerNode]bool
-	taken    [gpuinfo.MaxCardsPerNode]bool
+	free     [MaxUnits]Usage
+	charge   [MaxUnits]Usage
+	base     [MaxUnits]Usage
+	eligible [MaxUnits]bool
+	taken    [MaxUnits]bool
 	frag     fragment
 	// fragBefore is the node's fragmentation before the placement.
 	fragBefore float64
@@ -61,12 +61,14 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 		s.charge[i], s.base[i] = Usage{}, Usage{}
 		s.eligible[i] = false
 		if req.Selector.Matches(c.ModelLower, c.UUIDLower) {
-			matching++
+			if c.Slice == nil {
+				matching++
+			}
 			switch {
-			case c.Healthy:
+			case c.serves(req.Isolation):
 				s.eligible[i] = true
 				eligible++
-			case c.MIG:
+			case c.MIG || c.Slice != nil:
 				mig++
 			}
 		}
@@ -79,6 +81,8 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	switch {
 	case matching == 0:
 		return Outcome{Failure: Failure{Kind: NoMatchingCard}}
+	case eligible == 0 && req.Isolation.MIG():
+		return Outcome{Failure: Failure{Kind: NoMIGSlice}}
 	case eligible == 0 && mig > 0:
 		return Outcome{Failure: Failure{Kind: InMIGMode}}
 	case eligible == 0:
@@ -107,13 +111,13 @@ func (s *scratch) reserve(cards []Card, keep int) int {
 		return 0
 	}
 	for i := range cards {
-		if cards[i].Healthy && s.free[i] == cards[i].Capacity && !s.eligible[i] {
+		if cards[i].TakesShares() && s.free[i] == cards[i].Capacity && !s.eligible[i] {
 			keep--
 		}
 	}
 	taken := 0
 	for i := len(cards) - 1; i >= 0 && keep > 0; i-- {
-		if s.eligible[i] && s.free[i] == cards[i].Capacity {
+		if s.eligible[i] && cards[i].Slice == nil && s.free[i] == cards[i].Capacity {
 			s.eligible[i] = false
 			keep--
 			taken++
@@ -127,6 +131,11 @@ func (s *scratch) reserve(cards []Card, keep int) int {
 func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out *gpuinfo.Assignment) Outcome {
 	n := len(cards)
 	w := st.Workload
+	if req.Isolation.MIG() {
+		// The workload's shapes are shares of whole cards, which slices
+		// do not serve.
+		w = nil
+	}
 	if w != nil {
 		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli)
 		s.fragBefore = s.frag.value(w)
@@ -145,7 +154,7 @@ func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out 
 	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards)}
 	if w != nil {
 		for i := range cards[:n] {
-			if s.charge[i] != (Usage{}) && cards[i].Healthy {
+			if s.charge[i] != (Usage{}) && cards[i].TakesShares() {
 				s.frag.move(w, cards, i, s.free[i].add(s.charge[i]), s.free[i])
 			}
 		}
@@ -167,17 +176,21 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 				continue
 			}
 			card := &cards[i]
-			nd := need(c, card)
+			nd, ok := need(c, card)
 			avail := s.free[i].add(s.charge[i]).sub(s.base[i])
-			if !avail.covers(nd) {
+			if !ok || !avail.covers(nd) {
 				continue
 			}
 			reuse := s.charge[i].sub(s.base[i]).covers(nd)
 			key := leftoverPermille(avail.sub(nd), card.Capacity)
-			switch policy {
-			case Binpack:
+			switch {
+			case card.Slice != nil && c.Exclusive():
+				// The smallest slice that holds the request, then the
+				// policy's choice among the cards.
+				key = -card.Capacity.MemoryMiB*8192 + s.sliceCardKey(cards, i, policy)
+			case policy == Binpack:
 				key = -key
-			case FragmentationAware:
+			case policy == FragmentationAware:
 				// A card like one already ranked ranks the same.
 				if j := sameCard(cards, s.free[:len(cards)], i); j >= 0 && s.eligible[j] && !s.taken[j] && best >= 0 {
 					continue
@@ -193,15 +206,31 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 		}
 		s.taken[best] = true
 		card := &cards[best]
-		nd := need(c, card)
+		nd, _ := need(c, card)
 		s.commit(best, c.Kind, nd)
 		if out != nil {
-			out.Containers[c.Name] = append(out.Containers[c.Name], gpuinfo.CardAssignment{
-				Index: card.Index, UUID: card.UUID, MemoryMiB: c.MemoryOn(card.Capacity.MemoryMiB), Cores: c.Cores,
-			})
+			out.Containers[c.Name] = append(out.Containers[c.Name], card.assign(c))
 		}
 	}
 	return Failure{}, true
+}
+
+// sliceCardKey ranks the card of slice i by how much of its slices' memory
+// is taken, in per mille: Binpack prefers the fullest card, Spread the
+// emptiest.
+func (s *scratch) sliceCardKey(cards []Card, i int, policy Policy) int64 {
+	var capacity, free int64
+	for j := range cards {
+		if cards[j].Slice != nil && cards[j].Index == cards[i].Index {
+			capacity += cards[j].Capacity.MemoryMiB
+			free += max(s.free[j].MemoryMiB, 0)
+		}
+	}
+	taken := (capacity - free) * 1000 / max(capacity, 1)
+	if policy == Spread {
+		return -taken
+	}
+	return taken
 }
 
 // fragKey ranks card i for a container taking nd by the node's
@@ -229,6 +258,7 @@ func (s *scratch) failure(cards []Card, c *gpuinfo.ContainerRequest, k int) Fail
 		if !s.eligible[i] || s.taken[i] {
 			continue
 		}
+		f.InSlices = f.InSlices || cards[i].Slice != nil
 		avail := s.free[i].add(s.charge[i]).sub(s.base[i])
 		f.MostFree.MemoryMiB = max(f.MostFree.MemoryMiB, avail.MemoryMiB)
 		f.MostFree.Cores = max(f.MostFree.Cores, avail.Cores)
@@ -242,6 +272,10 @@ func (s *scratch) failure(cards []Card, c *gpuinfo.ContainerRequest, k int) Fail
 func (s *scratch) usedPermille(cards []Card) int64 {
 	var capMem, capCores, freeMem, freeCores int64
 	for i := range cards {
+		if cards[i].MIG {
+			// Counted in its slices.
+			continue
+		}
 		capMem += cards[i].Capacity.MemoryMiB
 		capCores += cards[i].Capacity.Cores
 		freeMem += max(s.free[i].MemoryMiB, 0)
@@ -268,6 +302,19 @@ func position(cards []Card, uuid string) int {
 	return -1
 }
 
+// assign is the assignment entry that gives container c the card (or slice).
+func (card *Card) assign(c *gpuinfo.ContainerRequest) gpuinfo.CardAssignment {
+	e := gpuinfo.CardAssignment{Index: card.Index, UUID: card.UUID, MemoryMiB: c.MemoryOn(card.Capacity.MemoryMiB), Cores: c.Cores}
+	if sl := card.Slice; sl != nil {
+		e.UUID = sl.CardUUID
+		e.MIG = &gpuinfo.MIGSlice{Profile: sl.Profile, Start: sl.Start, UUID: sl.DeviceUUID}
+		if c.Exclusive() {
+			e.MemoryMiB = card.Capacity.MemoryMiB
+		}
+	}
+	return e
+}
+
 // Charge returns what a placed pod holds on each card (parallel to cards),
 // from its assignment and its containers' start order. It is the same
 // accounting Place uses, so a ledger rebuilt from annotations equals the one
@@ -278,7 +325,7 @@ func Charge(cards []Card, order []gpuinfo.NamedContainer, a *gpuinfo.Assignment)
 	for _, nc := range order {
 		entries := a.Containers[nc.Name]
 		for ei := range entries {
-			i := position(cards, entries[ei].UUID)
+			i := position(cards, entries[ei].Key())
 			if i < 0 {
 				continue
 			}

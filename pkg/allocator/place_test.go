@@ -290,7 +290,7 @@ func TestMIGCardsGetNoPods(t *testing.T) {
 	inv := testutil.Inventory("n", "A100", 81920, 2)
 	inv.Cards[0].MIGEnabled = true
 	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 10)}}
-	out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+	out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion1, Containers: map[string][]gpuinfo.CardAssignment{}}
 	if o := allocator.Place(allocator.NewCards(inv), make([]allocator.Usage, 2), nil, req, allocator.Strategy{Policy: allocator.Binpack}, out); !o.Fits || out.Containers["c"][0].Index != 1 {
 		t.Fatalf("placed %+v (fits %v), want card 1, the one not in MIG mode", out.Containers, o.Fits)
 	}
@@ -328,7 +328,7 @@ func TestReserve(t *testing.T) {
 		{name: "too large anyway: the node's own reason", inv: testutil.Inventory("n", "A100", 81920, 4), used: []allocator.Usage{{}, {}, {}, {}}, req: &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 90000, 0)}}, reserve: 1, wantKind: allocator.NoCapacity},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+			out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion1, Containers: map[string][]gpuinfo.CardAssignment{}}
 			o := allocator.Place(allocator.NewCards(tc.inv), tc.used, nil, tc.req, allocator.Strategy{Policy: allocator.Binpack, Reserve: tc.reserve}, out)
 			if tc.wantKind != 0 {
 				if o.Fits || o.Failure.Kind != tc.wantKind {

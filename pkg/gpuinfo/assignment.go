@@ -3,11 +3,21 @@ package gpuinfo
 import (
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 )
 
-// AssignmentVersion is the version of the assignment format this package
-// writes and reads.
-const AssignmentVersion = 1
+// Assignment versions. An assignment that gives a container a MIG slice is
+// version 2, so that an agent of an earlier release, which knows version 1
+// only, refuses it rather than give the container the whole card.
+const (
+	// AssignmentVersion1 gives whole cards and shares of them.
+	AssignmentVersion1 = 1
+	// AssignmentVersion2 adds MIG slices (CardAssignment.MIG).
+	AssignmentVersion2 = 2
+	// AssignmentVersion is the newest version this package reads.
+	AssignmentVersion = AssignmentVersion2
+)
 
 // Assignment is the content of a pod's AssignmentAnnotation: the cards chosen
 // for each container that asked for GPUs.
@@ -24,9 +34,51 @@ type CardAssignment struct {
 	UUID string `json:"uuid"`
 	// MemoryMiB is the container's memory limit on the card.
 	MemoryMiB int64 `json:"memoryMiB"`
-	// Cores is the container's compute share of the card, 0-100; 100 means
-	// the card is the container's alone.
+	// Cores is the container's compute share of the card (of the slice,
+	// with MIG), 0-100; 100 means the card (slice) is the container's alone.
 	Cores int64 `json:"cores"`
+	// MIG, when set, gives the container this MIG slice of the card rather
+	// than the card (version 2).
+	MIG *MIGSlice `json:"mig,omitempty"`
+}
+
+// MIGSlice names one MIG slice of a card by its profile and placement, which
+// identify it on the card whether or not it exists yet.
+type MIGSlice struct {
+	// Profile is the slice's profile, e.g. "1g.10gb".
+	Profile string `json:"profile"`
+	// Start is the first memory slot of its placement.
+	Start int `json:"start"`
+	// UUID is the MIG device's UUID where the slice existed when it was
+	// chosen; the agent gives the container that device only.
+	UUID string `json:"uuid,omitempty"`
+}
+
+// SliceKey is how the ledger names a card's MIG slice: the card's UUID, its
+// profile and its start slot.
+func SliceKey(cardUUID, profile string, start int) string {
+	return cardUUID + "/" + profile + "@" + strconv.Itoa(start)
+}
+
+// Key is the name of what the entry charges in the ledger: the card's UUID,
+// or its slice's SliceKey.
+func (e *CardAssignment) Key() string {
+	if e.MIG != nil {
+		return SliceKey(e.UUID, e.MIG.Profile, e.MIG.Start)
+	}
+	return e.UUID
+}
+
+// NeededVersion is the oldest version that can express the assignment.
+func (a *Assignment) NeededVersion() int {
+	for _, cards := range a.Containers {
+		for i := range cards {
+			if cards[i].MIG != nil {
+				return AssignmentVersion2
+			}
+		}
+	}
+	return AssignmentVersion1
 }
 
 // DecodeAssignment parses and validates an assignment annotation.
@@ -43,8 +95,8 @@ func (a *Assignment) Encode() (string, error) { return encodeAnnotation(a) }
 
 // Validate reports the first problem of the assignment, naming the field.
 func (a *Assignment) Validate() error {
-	if a.Version != AssignmentVersion {
-		return fmt.Errorf("%s: version: unsupported version %d, want %d", AssignmentAnnotation, a.Version, AssignmentVersion)
+	if a.Version < AssignmentVersion1 || a.Version > AssignmentVersion {
+		return fmt.Errorf("%s: version: unsupported version %d, want 1-%d", AssignmentAnnotation, a.Version, AssignmentVersion)
 	}
 	if len(a.Containers) == 0 {
 		return fmt.Errorf("%s: containers: must name at least one container", AssignmentAnnotation)
@@ -79,6 +131,15 @@ func (a *Assignment) Validate() error {
 				return fmt.Errorf("%s: %d is outside 1-%d MiB", field(i, "memoryMiB"), c.MemoryMiB, MaxCardMemoryMiB)
 			case c.Cores < 0 || c.Cores > FullCores:
 				return fmt.Errorf("%s: %d is outside 0-%d", field(i, "cores"), c.Cores, FullCores)
+			case c.MIG == nil:
+			case a.Version < AssignmentVersion2:
+				return fmt.Errorf("%s: needs assignment version %d", field(i, "mig"), AssignmentVersion2)
+			case c.MIG.Profile == "" || len(c.MIG.Profile) > maxMIGProfileName || strings.ContainsAny(c.MIG.Profile, " ,/@"):
+				return fmt.Errorf("%s: must be 1-%d characters without spaces, commas, slashes or @", field(i, "mig.profile"), maxMIGProfileName)
+			case c.MIG.Start < 0 || c.MIG.Start >= MaxMIGSlots:
+				return fmt.Errorf("%s: %d is outside 0-%d", field(i, "mig.start"), c.MIG.Start, MaxMIGSlots-1)
+			case len(c.MIG.UUID) > maxModelLength:
+				return fmt.Errorf("%s: longer than %d characters", field(i, "mig.uuid"), maxModelLength)
 			}
 			seen[c.Index] = true
 		}

@@ -77,7 +77,7 @@ func TestDecodeInventoryErrors(t *testing.T) {
 }
 
 func TestAssignmentRoundTrip(t *testing.T) {
-	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{
+	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion1, Containers: map[string][]gpuinfo.CardAssignment{
 		"main":    {{Index: 0, UUID: "GPU-0", MemoryMiB: 4096, Cores: 30}, {Index: 5, UUID: "GPU-5", MemoryMiB: 4096, Cores: 30}},
 		"sidecar": {{Index: 2, UUID: "GPU-2", MemoryMiB: 81920, Cores: 100}},
 	}}

@@ -25,6 +25,10 @@ const (
 	// its shared-card containers ("high" or "low"), overriding the one the
 	// node agent derives from the pod's priority.
 	TaskPriorityAnnotation = Domain + "/gpu-task-priority"
+	// IsolationAnnotation asks for hardware isolation: IsolationMIG gives
+	// each GPU container a MIG slice of its own, IsolationMIGShared a memory
+	// share inside one.
+	IsolationAnnotation = Domain + "/gpu-isolation"
 	// UUIDAnnotation restricts a pod to the listed card UUIDs.
 	UUIDAnnotation = Domain + "/gpu-uuid"
 	// UUIDExcludeAnnotation excludes the listed card UUIDs.

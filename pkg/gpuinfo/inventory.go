@@ -5,9 +5,19 @@ import (
 	"sort"
 )
 
-// InventoryVersion is the version of the inventory format this package writes
-// and reads.
-const InventoryVersion = 1
+// Inventory versions. A scheduler reads every version up to the newest it
+// knows and refuses a newer one with a reason naming the version, so an agent
+// writes InventoryVersion2 only once the schedulers reading it do
+// (docs/install.md, the rollout order).
+const (
+	// InventoryVersion1 describes whole cards only.
+	InventoryVersion1 = 1
+	// InventoryVersion2 adds each card's MIG geometry (mig); the topology
+	// issue adds to it too.
+	InventoryVersion2 = 2
+	// InventoryVersion is the newest version this package reads.
+	InventoryVersion = InventoryVersion2
+)
 
 // maxModelLength bounds a card's model name.
 const maxModelLength = 256
@@ -34,16 +44,26 @@ type Card struct {
 	NUMANode int `json:"numaNode"`
 	// Healthy is false while the card must not get new work.
 	Healthy bool `json:"healthy"`
-	// MIGEnabled reports that the card is in MIG mode. Tessera does not
-	// support MIG yet: the scheduler places no pod on such a card.
+	// MIGEnabled reports that the card is in MIG mode. Only its MIG slices
+	// (MIG, version 2) take pods; a card in MIG mode without them takes none.
 	MIGEnabled bool `json:"migEnabled,omitempty"`
+	// MIG is the card's MIG geometry (version 2 only; set only with
+	// MIGEnabled).
+	MIG *MIG `json:"mig,omitempty"`
 }
 
 // DecodeInventory parses and validates an inventory annotation. The cards of
 // the result are sorted by index.
 func DecodeInventory(raw string) (*Inventory, error) {
+	return DecodeInventoryUpTo(raw, InventoryVersion)
+}
+
+// DecodeInventoryUpTo is DecodeInventory for a reader that knows the versions
+// up to newest only, as a scheduler of an earlier release does: a newer
+// inventory is refused before anything else of it is read.
+func DecodeInventoryUpTo(raw string, newest int) (*Inventory, error) {
 	var inv Inventory
-	if err := decodeAnnotation(InventoryAnnotation, raw, &inv); err != nil {
+	if err := decodeAnnotation(InventoryAnnotation, raw, &versionBound{&inv, newest}); err != nil {
 		return nil, err
 	}
 	sort.Slice(inv.Cards, func(i, j int) bool { return inv.Cards[i].Index < inv.Cards[j].Index })
@@ -53,10 +73,24 @@ func DecodeInventory(raw string) (*Inventory, error) {
 // Encode returns the annotation value for the inventory.
 func (inv *Inventory) Encode() (string, error) { return encodeAnnotation(inv) }
 
+// versionBound validates an inventory for a reader that knows the versions up
+// to newest.
+type versionBound struct {
+	*Inventory
+	newest int
+}
+
+func (b versionBound) Validate() error {
+	if b.Version > b.newest {
+		return fmt.Errorf("%s: version: unsupported version %d, want 1-%d (this scheduler is older than the node agent: upgrade it, or run the agent with --inventory-version=%d)", InventoryAnnotation, b.Version, b.newest, b.newest)
+	}
+	return b.Inventory.Validate()
+}
+
 // Validate reports the first problem of the inventory, naming the field.
 func (inv *Inventory) Validate() error {
-	if inv.Version != InventoryVersion {
-		return fmt.Errorf("%s: version: unsupported version %d, want %d", InventoryAnnotation, inv.Version, InventoryVersion)
+	if inv.Version < InventoryVersion1 || inv.Version > InventoryVersion {
+		return fmt.Errorf("%s: version: unsupported version %d, want 1-%d", InventoryAnnotation, inv.Version, InventoryVersion)
 	}
 	if len(inv.Cards) > MaxCardsPerNode {
 		return fmt.Errorf("%s: cards: %d cards is more than the %d allowed", InventoryAnnotation, len(inv.Cards), MaxCardsPerNode)
@@ -83,9 +117,18 @@ func (inv *Inventory) Validate() error {
 			return fmt.Errorf("%s: must be %d, got %d", field("cores"), FullCores, c.Cores)
 		case c.NUMANode < -1 || c.NUMANode > 1023:
 			return fmt.Errorf("%s: %d is outside -1-1023", field("numaNode"), c.NUMANode)
+		case c.MIG != nil && inv.Version < InventoryVersion2:
+			return fmt.Errorf("%s: needs inventory version %d", field("mig"), InventoryVersion2)
+		case c.MIG != nil && !c.MIGEnabled:
+			return fmt.Errorf("%s: set on a card whose migEnabled is false", field("mig"))
 		}
 		indices[c.Index] = true
 		uuids[c.UUID] = true
+		if c.MIG != nil {
+			if err := c.MIG.validate(field("mig"), c.MemoryMiB, uuids); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

@@ -66,6 +66,8 @@ type PodRequest struct {
 	Selector Selector
 	// TaskPriority is the pod's TaskPriorityAnnotation, "" when unset.
 	TaskPriority TaskPriority
+	// Isolation is the pod's IsolationAnnotation.
+	Isolation Isolation
 }
 
 // ParsePodRequest reads a pod's GPU request. It returns nil, nil when no
@@ -104,6 +106,9 @@ func ParsePodRequest(pod *v1.Pod, names ResourceNames) (*PodRequest, error) {
 	}
 	req.Selector = sel
 	if req.TaskPriority, err = ParseTaskPriority(pod.Annotations); err != nil {
+		return nil, err
+	}
+	if req.Isolation, err = parseIsolation(pod.Annotations, req.Containers, names); err != nil {
 		return nil, err
 	}
 	return req, nil

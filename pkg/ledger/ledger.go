@@ -207,12 +207,16 @@ func (l *Ledger) rechargeLocked(n *node) {
 }
 
 // kindOf numbers the kind of node that has these cards: their models,
-// capacities, health and MIG mode in index order — all that a placement
+// capacities, health, MIG mode and slices in index order — all that a placement
 // without UUID selectors sees of an idle node.
 func (l *Ledger) kindOf(cards []allocator.Card) uint32 {
 	var b strings.Builder
 	for _, c := range cards {
-		fmt.Fprintf(&b, "%s/%d/%d/%t/%t;", c.ModelLower, c.Capacity.MemoryMiB, c.Capacity.Cores, c.Healthy, c.MIG)
+		fmt.Fprintf(&b, "%s/%d/%d/%t/%t", c.ModelLower, c.Capacity.MemoryMiB, c.Capacity.Cores, c.Healthy, c.MIG)
+		if c.Slice != nil {
+			fmt.Fprintf(&b, "/%s@%d", c.Slice.Profile, c.Slice.Start)
+		}
+		b.WriteByte(';')
 	}
 	if l.kinds == nil {
 		l.kinds = map[string]uint32{}

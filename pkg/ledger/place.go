@@ -111,11 +111,12 @@ func (l *Ledger) Reserve(uid types.UID, nodeName string, order []gpuinfo.NamedCo
 	if n == nil || n.err != nil {
 		return nil, fmt.Errorf("node %s: %w", nodeName, ErrNoInventory)
 	}
-	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion1, Containers: map[string][]gpuinfo.CardAssignment{}}
 	out := allocator.Place(n.cards, n.used, deltas, req, st, a)
 	if !out.Fits {
 		return nil, fmt.Errorf("%s", out.Failure.Message(req.Selector.String()))
 	}
+	a.Version = a.NeededVersion()
 	l.addPodLocked(uid, &pod{node: nodeName, order: order, assignment: a, assumed: true})
 	return a, nil
 }
@@ -167,7 +168,7 @@ func (l *Ledger) Simulate(nodeName string, order []gpuinfo.NamedContainer, req *
 			}
 		}
 	}
-	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: map[string][]gpuinfo.CardAssignment{}}
+	a := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion1, Containers: map[string][]gpuinfo.CardAssignment{}}
 	if out := allocator.Place(n.cards, n.used, deltas, req, st, a); !out.Fits {
 		return nil, false
 	}
@@ -210,7 +211,7 @@ func (l *Ledger) CardsHealthy(nodeName string, a *gpuinfo.Assignment) error {
 		for _, e := range entries {
 			i := -1
 			for j := range n.cards {
-				if n.cards[j].UUID == e.UUID {
+				if n.cards[j].UUID == e.Key() {
 					i = j
 				}
 			}

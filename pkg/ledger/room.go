@@ -7,7 +7,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// room is what a node's usable cards (healthy, not in MIG mode) have free:
+// room is what a node's usable cards (healthy, not in MIG mode; MIG slices
+// are not counted) have free:
 // an upper bound on what a container can get there, kept current as usage
 // changes so that PreFilter can rule nodes out without placing anything.
 type room struct {
@@ -27,7 +28,7 @@ func (n *node) summarize() {
 	var r room
 	for i := range n.cards {
 		c := &n.cards[i]
-		if !c.Healthy || i >= len(n.used) {
+		if !c.TakesShares() || i >= len(n.used) {
 			continue
 		}
 		free := allocator.Usage{MemoryMiB: c.Capacity.MemoryMiB - n.used[i].MemoryMiB, Cores: c.Capacity.Cores - n.used[i].Cores}

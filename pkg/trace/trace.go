@@ -141,7 +141,7 @@ func (t Task) Annotations() map[string]string {
 
 // Inventory returns the node's cards as its agent would publish them.
 func (n Node) Inventory() *gpuinfo.Inventory {
-	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion, Cards: []gpuinfo.Card{}}
+	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion1, Cards: []gpuinfo.Card{}}
 	for i := 0; i < n.GPUs; i++ {
 		inv.Cards = append(inv.Cards, gpuinfo.Card{
 			Index: i, UUID: fmt.Sprintf("GPU-%s-%d", n.Name, i), Model: n.Model,

@@ -78,6 +78,7 @@ func main() {
 	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
 	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
+	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion1, "the inventory version published on the node: 1, which every Tessera scheduler reads, or 2, which adds the cards' MIG slices and which schedulers before this release refuse (set it once the scheduler is upgraded: docs/install.md)")
 	printVersion := flag.Bool("version", false, "print Tessera's version and exit")
 	flag.Parse()
 	if *printVersion {
@@ -103,6 +104,10 @@ func main() {
 		klog.ErrorS(nil, "--cdi-device-names must be index or uuid", "value", *cdiNames)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
+	if *inventoryVersion < gpuinfo.InventoryVersion1 || *inventoryVersion > gpuinfo.InventoryVersion {
+		klog.ErrorS(nil, "--inventory-version must be 1 or 2", "value", *inventoryVersion)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
 	if *resourceName == "" {
 		*resourceName = string(names.GPU)
 	}
@@ -126,7 +131,7 @@ func main() {
 		}
 	}
 	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir},
-		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse}
+		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse, inventoryVersion: *inventoryVersion}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, metricsPort); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
@@ -146,6 +151,8 @@ type services struct {
 	// stopOverUse kills what is over.
 	overUseInterval time.Duration
 	stopOverUse     bool
+	// inventoryVersion is the inventory version published.
+	inventoryVersion int
 }
 
 func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, svc services, metricsPort endpoint) error {
@@ -184,6 +191,7 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		Publisher:         &publish.Publisher{Client: client, NodeName: nodeName, Namespace: namespace, LeaseDuration: leaseDuration},
 		RescanInterval:    rescan,
 		HeartbeatInterval: heartbeat,
+		InventoryVersion:  svc.inventoryVersion,
 	}
 	if svc.driver != nil {
 		a.Devices = append(a.Devices, svc.driver)

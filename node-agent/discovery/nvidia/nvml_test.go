@@ -60,7 +60,7 @@ func TestNVMLWithMockDGXA100(t *testing.T) {
 	if got := n.numaNode("0000:ff:00.0"); got != -1 {
 		t.Errorf("NUMA node of a card sysfs does not know = %d, want -1", got)
 	}
-	if err := discovery.Inventory(cards).Validate(); err != nil {
+	if err := discovery.Inventory(cards, gpuinfo.InventoryVersion2).Validate(); err != nil {
 		t.Errorf("inventory is invalid: %v", err)
 	}
 	if !strings.HasPrefix(n.Name(), "nvml (driver 550.54.15") {
@@ -97,7 +97,7 @@ func TestRealNVML(t *testing.T) {
 	if len(cards) == 0 {
 		t.Fatal("NVML initialized but reported no GPUs")
 	}
-	inv := discovery.Inventory(cards)
+	inv := discovery.Inventory(cards, gpuinfo.InventoryVersion2)
 	if err := inv.Validate(); err != nil {
 		t.Fatalf("inventory is invalid: %v", err)
 	}

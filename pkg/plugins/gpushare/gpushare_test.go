@@ -159,7 +159,7 @@ func (h *harness) nodeInfo(node *v1.Node) fwk.NodeInfo {
 
 // boundPod is a pod already running on node with the given cards.
 func boundPod(name, node string, containers map[string][]gpuinfo.CardAssignment) *v1.Pod {
-	a := gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion, Containers: containers}
+	a := gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion1, Containers: containers}
 	raw, err := a.Encode()
 	if err != nil {
 		panic(err)

@@ -14,7 +14,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
-// prune narrows a one-container GPU pod's nodes, in PreFilter, to those whose
+// prune narrows a one-container GPU pod's nodes (not a MIG pod's: the
+// ledger's room counts whole cards only), in PreFilter, to those whose
 // cards could possibly hold it (ledger.MayHold), so that no plugin's Filter
 // runs on the rest — on a packed fleet, most nodes. It keeps every node
 // preemption could use: it prunes only pods that cannot preempt (no GPU pod
@@ -26,7 +27,7 @@ import (
 // says node by node what is missing.
 func (p *Plugin) prune(pod *v1.Pod, s *cycleState) *fwk.PreFilterResult {
 	lister := p.handle.SnapshotSharedLister()
-	if len(s.req.Containers) != 1 || lister == nil || p.mayPreempt(pod) {
+	if len(s.req.Containers) != 1 || s.req.Isolation.MIG() || lister == nil || p.mayPreempt(pod) {
 		return nil
 	}
 	nodes, err := lister.NodeInfos().List()

@@ -143,7 +143,7 @@ func assignedCards(pod *v1.Pod) []string {
 	var uuids []string
 	for _, cards := range a.Containers {
 		for _, c := range cards {
-			uuids = append(uuids, c.UUID)
+			uuids = append(uuids, c.Key())
 		}
 	}
 	return uuids

@@ -1,0 +1,84 @@
+package gpuinfo
+
+import (
+	"fmt"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// Isolation is how a pod's GPU containers are fenced from other pods'.
+type Isolation uint8
+
+const (
+	// SharedCard, the default: whole cards or shares of them, limited by
+	// HAMi-core; cards in MIG mode are not used.
+	SharedCard Isolation = iota
+	// OwnMIGSlice gives each GPU container a MIG slice of its own: the
+	// smallest free one that holds its memory request.
+	OwnMIGSlice
+	// MIGSliceShare gives each GPU container a memory share inside a MIG slice,
+	// limited by HAMi-core; compute inside a slice is not limited.
+	MIGSliceShare
+)
+
+// Values of IsolationAnnotation.
+const (
+	IsolationMIG       = "mig"
+	IsolationMIGShared = "mig-shared"
+)
+
+// MIG reports whether the request is for MIG slices or shares of them.
+func (i Isolation) MIG() bool { return i != SharedCard }
+
+// String returns the annotation value ("" for SharedCard).
+func (i Isolation) String() string {
+	switch i {
+	case OwnMIGSlice:
+		return IsolationMIG
+	case MIGSliceShare:
+		return IsolationMIGShared
+	}
+	return ""
+}
+
+// parseIsolation reads the pod's IsolationAnnotation and checks its GPU
+// containers against it: a MIG container gets one slice (a process sees one
+// MIG device), in MiB rather than a percentage; a slice of one's own is held
+// whole, and a share inside one limits memory only.
+func parseIsolation(annotations map[string]string, containers []ContainerRequest, names ResourceNames) (Isolation, error) {
+	value, ok := annotations[IsolationAnnotation]
+	if !ok {
+		return SharedCard, nil
+	}
+	var iso Isolation
+	switch value {
+	case IsolationMIG:
+		iso = OwnMIGSlice
+	case IsolationMIGShared:
+		iso = MIGSliceShare
+	default:
+		return 0, fmt.Errorf("annotation %s: must be %q or %q, got %q", IsolationAnnotation, IsolationMIG, IsolationMIGShared, value)
+	}
+	for i := range containers {
+		c := &containers[i]
+		fieldErr := func(name v1.ResourceName, format string, args ...any) error {
+			return fmt.Errorf("container %q: resource %s: %s (annotation %s: %s)", c.Name, name, fmt.Sprintf(format, args...), IsolationAnnotation, value)
+		}
+		switch {
+		case c.Count != 1:
+			return 0, fieldErr(names.GPU, "a container gets one MIG slice, got %d", c.Count)
+		case c.MemoryPercent > 0:
+			return 0, fieldErr(names.MemoryPercent, "a MIG request gives its memory in MiB (%s)", names.Memory)
+		case iso == MIGSliceShare && c.MemoryMiB == 0:
+			return 0, fieldErr(names.Memory, "a share inside a MIG slice needs its memory in MiB")
+		case iso == MIGSliceShare && c.Cores > 0:
+			return 0, fieldErr(names.Cores, "compute inside a MIG slice cannot be limited; leave it out")
+		case iso == OwnMIGSlice && c.Cores > 0 && c.Cores < FullCores:
+			return 0, fieldErr(names.Cores, "a MIG slice is held whole; leave it out or give %d", FullCores)
+		}
+		if iso == OwnMIGSlice {
+			c.Cores = FullCores
+		}
+	}
+	return iso, nil
+}
