@@ -115,7 +115,7 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 	if params.TaskPriority == gpuinfo.TaskPriorityHigh {
 		priority = "0"
 	}
-	adj := d.Enforce.Cards(assigned, params.Sharing == gpuinfo.SharingWhole, enforce.ClaimRegionName(claim.UID), priority)
+	adj := d.Enforce.Cards(assigned, nil, params.Sharing == gpuinfo.SharingWhole, enforce.ClaimRegionName(claim.UID), priority)
 	if adj.Region != "" {
 		if err := d.Enforce.Paths.CreateRegion(adj.Region); err != nil {
 			return nil, err

@@ -157,12 +157,25 @@ const (
 	CDIByUUID  CDINaming = "uuid"
 )
 
-// cdiName is card's CDI device name.
-func (c Config) cdiName(card gpuinfo.CardAssignment) string {
-	if c.CDINames == CDIByUUID {
-		return c.CDIKind + "=" + card.UUID
+// cdiName is card's CDI device name; a MIG slice's is its MIG device's
+// ("CARD:INDEX" by index), migIndex its index under the card.
+func (c Config) cdiName(card gpuinfo.CardAssignment, migIndex int) string {
+	switch {
+	case c.CDINames == CDIByUUID:
+		return c.CDIKind + "=" + visibleUUID(card)
+	case card.MIG != nil:
+		return c.CDIKind + "=" + strconv.Itoa(card.Index) + ":" + strconv.Itoa(migIndex)
 	}
 	return c.CDIKind + "=" + strconv.Itoa(card.Index)
+}
+
+// visibleUUID is the UUID a container is given for an entry: its MIG
+// device's for a slice, else the card's.
+func visibleUUID(card gpuinfo.CardAssignment) string {
+	if card.MIG != nil {
+		return card.MIG.UUID
+	}
+	return card.UUID
 }
 
 // DefaultCDIKind is the CDI kind of NVIDIA's cards.
@@ -255,6 +268,20 @@ type Node struct {
 	Claims ClaimGetter
 }
 
+// migIndices are the MIG device indices of the entries' slices (0 for
+// whole cards), as the node's cards report them; checkCards has found them.
+func (n Node) migIndices(cards []gpuinfo.CardAssignment) []int {
+	indices := make([]int, len(cards))
+	for i, want := range cards {
+		if card, ok := n.card(want.Index); ok && want.MIG != nil {
+			if in, _ := card.Slice(want.MIG.Profile, want.MIG.Start); in != nil {
+				indices[i] = in.Index
+			}
+		}
+	}
+	return indices
+}
+
 // card is the node's card with index i.
 func (n Node) card(i int) (discovery.Card, bool) {
 	for _, c := range n.Cards {
@@ -316,8 +343,10 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, id string, node Node)
 	if err := node.checkCards(cards); err != nil {
 		return nil, fmt.Errorf("pod %s/%s: container %q: %s: %w", pod.Namespace, pod.Name, container, gpuinfo.AssignmentAnnotation, err)
 	}
-	whole := cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0
-	adj := c.Cards(cards, whole, RegionName(id), c.taskPriority(pod, req.TaskPriority))
+	// A whole card, or a MIG slice of its own (fenced in hardware), needs
+	// no interception.
+	whole := cr.Exclusive() && (req.Isolation == gpuinfo.OwnMIGSlice || cr.MemoryMiB == 0 && cr.MemoryPercent == 0)
+	adj := c.Cards(cards, node.migIndices(cards), whole, RegionName(id), c.taskPriority(pod, req.TaskPriority))
 	// Not a claim's: a value from the pod spec would make the agent count
 	// its cards as another claim's when it reads them back (runningHoldings).
 	adj.Env = append(adj.Env, EnvVar{ClaimEnv, ""})
@@ -350,9 +379,31 @@ func (n Node) checkCards(cards []gpuinfo.CardAssignment) error {
 			return fmt.Errorf("card %d: node %s has no card with that index", want.Index, n.Name)
 		case card.UUID != want.UUID:
 			return fmt.Errorf("card %d: its UUID on node %s is %s, not %s", want.Index, n.Name, card.UUID, want.UUID)
+		case want.MIG != nil:
+			if err := checkSlice(want, card); err != nil {
+				return err
+			}
+		case card.MIGEnabled:
+			return fmt.Errorf("card %d (%s) is in MIG mode: only its MIG slices can be given", want.Index, want.UUID)
 		case want.MemoryMiB > card.MemoryMiB:
 			return fmt.Errorf("card %d (%s): %d MiB is more than the card's %d MiB", want.Index, want.UUID, want.MemoryMiB, card.MemoryMiB)
 		}
+	}
+	return nil
+}
+
+// checkSlice refuses a MIG slice the card does not have now as named: its
+// profile at its start, under its MIG device UUID, with the memory asked
+// for.
+func checkSlice(want gpuinfo.CardAssignment, card discovery.Card) error {
+	in, p := card.Slice(want.MIG.Profile, want.MIG.Start)
+	switch {
+	case in == nil:
+		return fmt.Errorf("card %d (%s) has no MIG slice %s at slot %d", want.Index, want.UUID, want.MIG.Profile, want.MIG.Start)
+	case in.UUID != want.MIG.UUID:
+		return fmt.Errorf("card %d: its MIG slice %s at slot %d is %s, not %q", want.Index, want.MIG.Profile, want.MIG.Start, in.UUID, want.MIG.UUID)
+	case want.MemoryMiB > p.MemoryMiB:
+		return fmt.Errorf("card %d, MIG slice %s (%s): %d MiB is more than the slice's %d MiB", want.Index, want.MIG.Profile, in.UUID, want.MemoryMiB, p.MemoryMiB)
 	}
 	return nil
 }
@@ -373,19 +424,25 @@ type Holding struct {
 }
 
 // Cards is the adjustment that gives a container cards: visible by UUID (and
-// as CDI devices when CDIKind is set) and, unless whole, limited to each
+// as CDI devices when CDIKind is set; a MIG slice by its MIG device's UUID
+// and, named by index, by its index under the card from migIndices, which
+// may be nil where there are no slices) and, unless whole, limited to each
 // card's share by the interception library, whose shared region is the file
 // region of the cache directory, mounted into the container alone (the
 // caller creates it first: Region). taskPriority is the library's
 // CUDA_TASK_PRIORITY, "0" (high) or "1" (low). Whole cards get no
 // interception, so no overhead.
-func (c Config) Cards(cards []gpuinfo.CardAssignment, whole bool, region, taskPriority string) *Adjustment {
+func (c Config) Cards(cards []gpuinfo.CardAssignment, migIndices []int, whole bool, region, taskPriority string) *Adjustment {
 	uuids := make([]string, len(cards))
 	adj := &Adjustment{}
 	for i, card := range cards {
-		uuids[i] = card.UUID
+		uuids[i] = visibleUUID(card)
 		if c.CDIKind != "" {
-			adj.CDIDevices = append(adj.CDIDevices, c.cdiName(card))
+			migIndex := 0
+			if i < len(migIndices) {
+				migIndex = migIndices[i]
+			}
+			adj.CDIDevices = append(adj.CDIDevices, c.cdiName(card, migIndex))
 		}
 	}
 	adj.Env = []EnvVar{{"NVIDIA_VISIBLE_DEVICES", strings.Join(uuids, ",")}}
@@ -398,7 +455,9 @@ func (c Config) Cards(cards []gpuinfo.CardAssignment, whole bool, region, taskPr
 		adj.Env = append(adj.Env,
 			EnvVar{"CUDA_DEVICE_MEMORY_LIMIT_" + n, strconv.FormatInt(card.MemoryMiB, 10) + "m"},
 			EnvVar{"CUDA_DEVICE_SM_LIMIT_" + n, strconv.FormatInt(card.Cores, 10)})
-		belowFull = belowFull || card.Cores < gpuinfo.FullCores
+		// Compute inside a MIG slice is not limited: HAMi-core's
+		// throttling reads utilisation NVML does not report for slices.
+		belowFull = belowFull || card.Cores < gpuinfo.FullCores && card.MIG == nil
 	}
 	containerRegion := containerCacheDir + "/" + region
 	adj.Env = append(adj.Env, EnvVar{"CUDA_DEVICE_MEMORY_SHARED_CACHE", containerRegion})

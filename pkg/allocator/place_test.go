@@ -296,7 +296,7 @@ func TestMIGCardsGetNoPods(t *testing.T) {
 	}
 	inv.Cards[1].MIGEnabled = true
 	o := allocator.Place(allocator.NewCards(inv), make([]allocator.Usage, 2), nil, req, allocator.Strategy{Policy: allocator.Binpack}, nil)
-	if o.Fits || o.Failure.Kind != allocator.InMIGMode || o.Failure.Message("") != "GPUs in MIG mode (not supported yet)" {
+	if o.Fits || o.Failure.Kind != allocator.InMIGMode || o.Failure.Message("") != "GPUs in MIG mode (ask for a slice with annotation tessera.io/gpu-isolation)" {
 		t.Errorf("on a node of MIG cards: fits %v, failure %+v %q", o.Fits, o.Failure, o.Failure.Message(""))
 	}
 }

@@ -46,7 +46,8 @@ func TestDecodeInventoryErrors(t *testing.T) {
 		name, raw, wantErr string
 	}{
 		{"not JSON", `{"version":`, "invalid JSON"},
-		{"wrong version", `{"version":2,"cards":[]}`, "version: unsupported version 2"},
+		{"wrong version", `{"version":3,"cards":[]}`, "version: unsupported version 3"},
+		{"version 0", `{"version":0,"cards":[]}`, "version: unsupported version 0"},
 		{"negative memory", card(`,"memoryMiB":-1`), "cards[0].memoryMiB: -1 is outside"},
 		{"huge memory", card(`,"memoryMiB":99999999999`), "cards[0].memoryMiB"},
 		{"index out of range", card(`,"index":64`), "cards[0].index: 64 is outside"},

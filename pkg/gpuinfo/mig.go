@@ -57,6 +57,9 @@ type MIGInstance struct {
 	Start int `json:"start"`
 	// UUID is the MIG device's UUID ("MIG-..."), what a container is given.
 	UUID string `json:"uuid"`
+	// Index is the MIG device's index under its card (nvidia-smi's "MIG
+	// dev"), by which the NVIDIA toolkit's CDI spec names it "CARD:INDEX".
+	Index int `json:"index"`
 	// Healthy is false while the instance must not get new work.
 	Healthy bool `json:"healthy"`
 }
@@ -112,7 +115,7 @@ func (m *MIG) validate(path string, cardMemoryMiB int64, uuids map[string]bool) 
 	if len(m.Instances) > m.Slots {
 		return fmt.Errorf("%s.instances: %d instances is more than the card's %d slots", path, len(m.Instances), m.Slots)
 	}
-	var taken [MaxMIGSlots]bool
+	var taken, indices [MaxMIGSlots]bool
 	for i := range m.Instances {
 		in := &m.Instances[i]
 		field := func(name string) string { return fmt.Sprintf("%s.instances[%d].%s", path, i, name) }
@@ -126,7 +129,12 @@ func (m *MIG) validate(path string, cardMemoryMiB int64, uuids map[string]bool) 
 			return fmt.Errorf("%s: must be 1-%d characters", field("uuid"), maxModelLength)
 		case uuids[in.UUID]:
 			return fmt.Errorf("%s: %q appears twice on the node", field("uuid"), in.UUID)
+		case in.Index < 0 || in.Index >= m.Slots:
+			return fmt.Errorf("%s: %d is outside 0-%d", field("index"), in.Index, m.Slots-1)
+		case indices[in.Index]:
+			return fmt.Errorf("%s: %d appears twice on the card", field("index"), in.Index)
 		}
+		indices[in.Index] = true
 		for s := in.Start; s < in.Start+p.Size; s++ {
 			if taken[s] {
 				return fmt.Errorf("%s: slot %d is taken by another instance", field("start"), s)

@@ -124,6 +124,60 @@ func TestParsePodRequest(t *testing.T) {
 			wantErr: `annotation tessera.io/gpu-task-priority: must be "high" or "low", got "High"`,
 		},
 		{
+			name: "a MIG slice of one's own is held whole",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "10000"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig").Obj(),
+			want: &gpuinfo.PodRequest{Isolation: gpuinfo.OwnMIGSlice, Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 10000, Cores: 100}}},
+		},
+		{
+			name: "a MIG slice without memory: any free slice",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig").Obj(),
+			want: &gpuinfo.PodRequest{Isolation: gpuinfo.OwnMIGSlice, Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, Cores: 100}}},
+		},
+		{
+			name: "a memory share inside a MIG slice",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig-shared").Obj(),
+			want: &gpuinfo.PodRequest{Isolation: gpuinfo.MIGSliceShare, Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 5000}}},
+		},
+		{
+			name: "unknown isolation",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}).
+				Annotation(gpuinfo.IsolationAnnotation, "MIG").Obj(),
+			wantErr: `annotation tessera.io/gpu-isolation: must be "mig" or "mig-shared", got "MIG"`,
+		},
+		{
+			name: "two MIG slices for one container",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "2"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig").Obj(),
+			wantErr: `container "con0": resource tessera.io/gpu: a container gets one MIG slice, got 2 (annotation tessera.io/gpu-isolation: mig)`,
+		},
+		{
+			name: "a MIG slice by percentage",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory-percent": "50"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig").Obj(),
+			wantErr: `container "con0": resource tessera.io/gpu-memory-percent: a MIG request gives its memory in MiB (tessera.io/gpu-memory)`,
+		},
+		{
+			name: "part of a MIG slice's compute",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000", "tessera.io/gpu-cores": "50"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig").Obj(),
+			wantErr: `resource tessera.io/gpu-cores: a MIG slice is held whole`,
+		},
+		{
+			name: "compute limited inside a MIG slice",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000", "tessera.io/gpu-cores": "20"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig-shared").Obj(),
+			wantErr: `resource tessera.io/gpu-cores: compute inside a MIG slice cannot be limited`,
+		},
+		{
+			name: "a share inside a MIG slice without memory",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig-shared").Obj(),
+			wantErr: `resource tessera.io/gpu-memory: a share inside a MIG slice needs its memory in MiB`,
+		},
+		{
 			name: "task priority on a pod without GPUs is not read",
 			pod:  st.MakePod().Name("p").Annotation(gpuinfo.TaskPriorityAnnotation, "urgent").Obj(),
 		},

@@ -1,0 +1,224 @@
+package allocator_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/pkg/allocator"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// a100Profiles are three profiles of an A100 40GB in MIG mode.
+var a100Profiles = []gpuinfo.MIGProfile{
+	{Name: "1g.5gb", Slices: 1, Size: 1, MemoryMiB: 4864, Starts: []int{0, 1, 2, 3, 4, 5, 6}},
+	{Name: "2g.10gb", ID: 1, Slices: 2, Size: 2, MemoryMiB: 9856, Starts: []int{0, 2, 4}},
+	{Name: "3g.20gb", ID: 2, Slices: 3, Size: 4, MemoryMiB: 19968, Starts: []int{0, 4}},
+}
+
+// migNode is a node of A100 40GB cards: cards[i] lists card i's slices as
+// "PROFILE@START"; nil leaves the card out of MIG mode.
+func migNode(t *testing.T, cards ...[]string) []allocator.Card {
+	t.Helper()
+	inv := testutil.Inventory("n", "NVIDIA A100-SXM4-40GB", 40960, len(cards))
+	inv.Version = gpuinfo.InventoryVersion2
+	for i, slices := range cards {
+		if slices == nil {
+			continue
+		}
+		c := &inv.Cards[i]
+		c.MIGEnabled = true
+		c.MIG = &gpuinfo.MIG{Slots: 8, Profiles: a100Profiles, Instances: []gpuinfo.MIGInstance{}}
+		for _, s := range slices {
+			profile, start, _ := strings.Cut(s, "@")
+			var slot int
+			fmt.Sscan(start, &slot)
+			c.MIG.Instances = append(c.MIG.Instances, gpuinfo.MIGInstance{Profile: profile, Start: slot, UUID: fmt.Sprintf("MIG-%d-%d", i, slot), Index: len(c.MIG.Instances), Healthy: true})
+		}
+	}
+	if err := inv.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return allocator.NewCards(inv)
+}
+
+func migRequest(iso gpuinfo.Isolation, memoryMiB int64) *gpuinfo.PodRequest {
+	c := gpuinfo.ContainerRequest{Name: "c", Count: 1, MemoryMiB: memoryMiB}
+	if iso == gpuinfo.OwnMIGSlice {
+		c.Cores = gpuinfo.FullCores
+	}
+	return &gpuinfo.PodRequest{Isolation: iso, Containers: []gpuinfo.ContainerRequest{c}}
+}
+
+// slice names the slice an assignment gives container c, "CARD:PROFILE@START",
+// or the card, "CARD".
+func slice(a *gpuinfo.Assignment) string {
+	e := a.Containers["c"][0]
+	if e.MIG == nil {
+		return fmt.Sprint(e.Index)
+	}
+	return fmt.Sprintf("%d:%s@%d", e.Index, e.MIG.Profile, e.MIG.Start)
+}
+
+func TestPlaceOnMIGSlices(t *testing.T) {
+	own := func(memoryMiB int64) *gpuinfo.PodRequest { return migRequest(gpuinfo.OwnMIGSlice, memoryMiB) }
+	shared := func(memoryMiB int64) *gpuinfo.PodRequest { return migRequest(gpuinfo.MIGSliceShare, memoryMiB) }
+	tests := []struct {
+		name   string
+		cards  [][]string
+		held   map[string]int64 // memory held on slices, by "CARD:START"
+		req    *gpuinfo.PodRequest
+		policy allocator.Policy
+		want   string
+	}{
+		{
+			name:  "the smallest slice that holds the request",
+			cards: [][]string{{"3g.20gb@0", "2g.10gb@4", "1g.5gb@6"}},
+			req:   own(6000), policy: allocator.Binpack,
+			want: "0:2g.10gb@4",
+		},
+		{
+			name:  "no memory asked: the smallest slice",
+			cards: [][]string{{"3g.20gb@0", "2g.10gb@4", "1g.5gb@6"}},
+			req:   own(0), policy: allocator.Spread,
+			want: "0:1g.5gb@6",
+		},
+		{
+			name:  "a slice with a share on it is not free",
+			cards: [][]string{{"3g.20gb@0", "2g.10gb@4", "1g.5gb@6"}},
+			held:  map[string]int64{"0:4": 1024},
+			req:   own(6000), policy: allocator.Binpack,
+			want: "0:3g.20gb@0",
+		},
+		{
+			name:  "binpack: among equal slices, the fuller card",
+			cards: [][]string{{"2g.10gb@0", "2g.10gb@2"}, {"2g.10gb@0", "2g.10gb@2"}},
+			held:  map[string]int64{"1:0": 9856},
+			req:   own(8000), policy: allocator.Binpack,
+			want: "1:2g.10gb@2",
+		},
+		{
+			name:  "spread: among equal slices, the emptier card",
+			cards: [][]string{{"2g.10gb@0", "2g.10gb@2"}, {"2g.10gb@0", "2g.10gb@2"}},
+			held:  map[string]int64{"0:0": 9856},
+			req:   own(8000), policy: allocator.Spread,
+			want: "1:2g.10gb@0",
+		},
+		{
+			name:  "shares fill the tightest slice first",
+			cards: [][]string{{"3g.20gb@0", "2g.10gb@4"}},
+			held:  map[string]int64{"0:4": 4000},
+			req:   shared(5000), policy: allocator.FragmentationAware,
+			want: "0:2g.10gb@4",
+		},
+		{
+			name:  "a plain share skips the card in MIG mode",
+			cards: [][]string{{"3g.20gb@0"}, nil},
+			req:   &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 10)}},
+			want:  "1",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cards := migNode(t, tt.cards...)
+			used := make([]allocator.Usage, len(cards))
+			for i, c := range cards {
+				if c.Slice != nil {
+					used[i].MemoryMiB = tt.held[fmt.Sprintf("%d:%d", c.Index, c.Slice.Start)]
+				}
+			}
+			out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion2, Containers: map[string][]gpuinfo.CardAssignment{}}
+			o := allocator.Place(cards, used, nil, tt.req, allocator.Strategy{Policy: tt.policy}, out)
+			if !o.Fits {
+				t.Fatalf("does not fit: %s", o.Failure.Message(""))
+			}
+			if got := slice(out); got != tt.want {
+				t.Errorf("placed on %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestMIGAssignmentEntries(t *testing.T) {
+	cards := migNode(t, []string{"3g.20gb@4", "1g.5gb@0"})
+	for _, tt := range []struct {
+		name string
+		req  *gpuinfo.PodRequest
+		want gpuinfo.CardAssignment
+	}{
+		{"own slice: all its memory, all its compute", migRequest(gpuinfo.OwnMIGSlice, 4000),
+			gpuinfo.CardAssignment{Index: 0, UUID: "GPU-n-0", MemoryMiB: 4864, Cores: 100, MIG: &gpuinfo.MIGSlice{Profile: "1g.5gb", Start: 0, UUID: "MIG-0-0"}}},
+		{"share in a slice: its memory, compute unlimited", migRequest(gpuinfo.MIGSliceShare, 6000),
+			gpuinfo.CardAssignment{Index: 0, UUID: "GPU-n-0", MemoryMiB: 6000, Cores: 0, MIG: &gpuinfo.MIGSlice{Profile: "3g.20gb", Start: 4, UUID: "MIG-0-4"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion2, Containers: map[string][]gpuinfo.CardAssignment{}}
+			if o := allocator.Place(cards, make([]allocator.Usage, len(cards)), nil, tt.req, allocator.Strategy{}, out); !o.Fits {
+				t.Fatalf("does not fit: %s", o.Failure.Message(""))
+			}
+			if diff := cmp.Diff([]gpuinfo.CardAssignment{tt.want}, out.Containers["c"]); diff != "" {
+				t.Errorf("entry (-want,+got):\n%s", diff)
+			}
+			// The ledger's accounting charges exactly the slice.
+			charge := allocator.Charge(cards, []gpuinfo.NamedContainer{{Name: "c"}}, out)
+			for i, c := range cards {
+				chosen := c.Slice != nil && c.Slice.Start == tt.want.MIG.Start
+				if (charge[i] != allocator.Usage{}) != chosen {
+					t.Errorf("charge on %s = %+v", c.UUID, charge[i])
+				}
+			}
+			if err := out.Validate(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestMIGPlacementFailures(t *testing.T) {
+	tests := []struct {
+		name  string
+		cards [][]string
+		held  int64 // memory held on every slice
+		req   *gpuinfo.PodRequest
+		want  string
+	}{
+		{"no slice large enough", [][]string{{"1g.5gb@0", "2g.10gb@2"}}, 0, migRequest(gpuinfo.OwnMIGSlice, 12000), "no free MIG slice has 12000 MiB"},
+		{"no slice free", [][]string{{"1g.5gb@0"}}, 100, migRequest(gpuinfo.OwnMIGSlice, 0), "no MIG slice is free"},
+		{"no room in any slice", [][]string{{"1g.5gb@0"}}, 4000, migRequest(gpuinfo.MIGSliceShare, 1000), "no MIG slice has 1000 MiB free"},
+		{"MIG asked, no card in MIG mode", [][]string{nil, nil}, 0, migRequest(gpuinfo.OwnMIGSlice, 0), "no GPU in MIG mode with a healthy slice"},
+		{"card in MIG mode without slices", [][]string{{}}, 0, migRequest(gpuinfo.OwnMIGSlice, 0), "no GPU in MIG mode with a healthy slice"},
+		{"share asked, only slices", [][]string{{"1g.5gb@0"}}, 0, &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 10)}},
+			"GPUs in MIG mode (ask for a slice with annotation tessera.io/gpu-isolation)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cards := migNode(t, tt.cards...)
+			used := make([]allocator.Usage, len(cards))
+			for i := range cards {
+				if cards[i].Slice != nil {
+					used[i].MemoryMiB = tt.held
+				}
+			}
+			o := allocator.Place(cards, used, nil, tt.req, allocator.Strategy{Policy: allocator.Binpack}, nil)
+			if o.Fits {
+				t.Fatal("fits, want a failure")
+			}
+			if got := o.Failure.Message(""); got != tt.want {
+				t.Errorf("failure %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestExclusiveNeedsTheMemory: a whole card (or slice) asked for with more
+// memory than it has does not fit.
+func TestExclusiveNeedsTheMemory(t *testing.T) {
+	cards, used := fourCards()
+	req := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 20000, Cores: gpuinfo.FullCores}}}
+	if o := allocator.Place(cards, used, nil, req, allocator.Strategy{}, nil); o.Fits {
+		t.Error("20000 MiB held whole fits a 16384 MiB card")
+	}
+}
