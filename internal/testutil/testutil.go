@@ -90,3 +90,41 @@ func Share(memoryMiB, cores int64) map[v1.ResourceName]string {
 func Cards(n int) map[v1.ResourceName]string {
 	return map[v1.ResourceName]string{"tessera.io/gpu": fmt.Sprint(n)}
 }
+
+// a100MIGProfiles are the MIG profiles of an A100 40GB that tests use.
+var a100MIGProfiles = []gpuinfo.MIGProfile{
+	{Name: "1g.5gb", Slices: 1, Size: 1, MemoryMiB: 4864, Multiprocessors: 14, Starts: []int{0, 1, 2, 3, 4, 5, 6}},
+	{Name: "2g.10gb", ID: 1, Slices: 2, Size: 2, MemoryMiB: 9856, Multiprocessors: 28, Starts: []int{0, 2, 4}},
+	{Name: "3g.20gb", ID: 2, Slices: 3, Size: 4, MemoryMiB: 19968, Multiprocessors: 42, Starts: []int{0, 4}},
+}
+
+// MIGInventory returns a version 2 inventory of A100 40GB cards whose UUIDs
+// start with prefix: cards[i] lists card i's MIG slices, "PROFILE@START"
+// each (1g.5gb, 2g.10gb or 3g.20gb); nil leaves card i out of MIG mode.
+// Slice UUIDs are "MIG-<prefix>-<card>-<start>".
+func MIGInventory(prefix string, cards ...[]string) *gpuinfo.Inventory {
+	inv := Inventory(prefix, "NVIDIA A100-SXM4-40GB", 40960, len(cards))
+	inv.Version = gpuinfo.InventoryVersion2
+	for i, slices := range cards {
+		if slices == nil {
+			continue
+		}
+		c := &inv.Cards[i]
+		c.MIGEnabled = true
+		c.MIG = &gpuinfo.MIG{Slots: 8, Profiles: a100MIGProfiles, Instances: []gpuinfo.MIGInstance{}}
+		for _, s := range slices {
+			profile, startText, _ := strings.Cut(s, "@")
+			var start int
+			if _, err := fmt.Sscan(startText, &start); err != nil {
+				panic(fmt.Sprintf("slice %q: want PROFILE@START", s))
+			}
+			c.MIG.Instances = append(c.MIG.Instances, gpuinfo.MIGInstance{
+				Profile: profile, Start: start, UUID: fmt.Sprintf("MIG-%s-%d-%d", prefix, i, start), Index: len(c.MIG.Instances), Healthy: true,
+			})
+		}
+	}
+	if err := inv.Validate(); err != nil {
+		panic(err)
+	}
+	return inv
+}

@@ -2,7 +2,6 @@ package allocator_test
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -12,37 +11,9 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// a100Profiles are three profiles of an A100 40GB in MIG mode.
-var a100Profiles = []gpuinfo.MIGProfile{
-	{Name: "1g.5gb", Slices: 1, Size: 1, MemoryMiB: 4864, Starts: []int{0, 1, 2, 3, 4, 5, 6}},
-	{Name: "2g.10gb", ID: 1, Slices: 2, Size: 2, MemoryMiB: 9856, Starts: []int{0, 2, 4}},
-	{Name: "3g.20gb", ID: 2, Slices: 3, Size: 4, MemoryMiB: 19968, Starts: []int{0, 4}},
-}
-
-// migNode is a node of A100 40GB cards: cards[i] lists card i's slices as
-// "PROFILE@START"; nil leaves the card out of MIG mode.
-func migNode(t *testing.T, cards ...[]string) []allocator.Card {
-	t.Helper()
-	inv := testutil.Inventory("n", "NVIDIA A100-SXM4-40GB", 40960, len(cards))
-	inv.Version = gpuinfo.InventoryVersion2
-	for i, slices := range cards {
-		if slices == nil {
-			continue
-		}
-		c := &inv.Cards[i]
-		c.MIGEnabled = true
-		c.MIG = &gpuinfo.MIG{Slots: 8, Profiles: a100Profiles, Instances: []gpuinfo.MIGInstance{}}
-		for _, s := range slices {
-			profile, start, _ := strings.Cut(s, "@")
-			var slot int
-			fmt.Sscan(start, &slot)
-			c.MIG.Instances = append(c.MIG.Instances, gpuinfo.MIGInstance{Profile: profile, Start: slot, UUID: fmt.Sprintf("MIG-%d-%d", i, slot), Index: len(c.MIG.Instances), Healthy: true})
-		}
-	}
-	if err := inv.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	return allocator.NewCards(inv)
+// migNode is a node of A100 40GB cards as testutil.MIGInventory makes them.
+func migNode(cards ...[]string) []allocator.Card {
+	return allocator.NewCards(testutil.MIGInventory("n", cards...))
 }
 
 func migRequest(iso gpuinfo.Isolation, memoryMiB int64) *gpuinfo.PodRequest {
@@ -123,7 +94,7 @@ func TestPlaceOnMIGSlices(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cards := migNode(t, tt.cards...)
+			cards := migNode(tt.cards...)
 			used := make([]allocator.Usage, len(cards))
 			for i, c := range cards {
 				if c.Slice != nil {
@@ -143,16 +114,16 @@ func TestPlaceOnMIGSlices(t *testing.T) {
 }
 
 func TestMIGAssignmentEntries(t *testing.T) {
-	cards := migNode(t, []string{"3g.20gb@4", "1g.5gb@0"})
+	cards := migNode([]string{"3g.20gb@4", "1g.5gb@0"})
 	for _, tt := range []struct {
 		name string
 		req  *gpuinfo.PodRequest
 		want gpuinfo.CardAssignment
 	}{
 		{"own slice: all its memory, all its compute", migRequest(gpuinfo.OwnMIGSlice, 4000),
-			gpuinfo.CardAssignment{Index: 0, UUID: "GPU-n-0", MemoryMiB: 4864, Cores: 100, MIG: &gpuinfo.MIGSlice{Profile: "1g.5gb", Start: 0, UUID: "MIG-0-0"}}},
+			gpuinfo.CardAssignment{Index: 0, UUID: "GPU-n-0", MemoryMiB: 4864, Cores: 100, MIG: &gpuinfo.MIGSlice{Profile: "1g.5gb", Start: 0, UUID: "MIG-n-0-0"}}},
 		{"share in a slice: its memory, compute unlimited", migRequest(gpuinfo.MIGSliceShare, 6000),
-			gpuinfo.CardAssignment{Index: 0, UUID: "GPU-n-0", MemoryMiB: 6000, Cores: 0, MIG: &gpuinfo.MIGSlice{Profile: "3g.20gb", Start: 4, UUID: "MIG-0-4"}}},
+			gpuinfo.CardAssignment{Index: 0, UUID: "GPU-n-0", MemoryMiB: 6000, Cores: 0, MIG: &gpuinfo.MIGSlice{Profile: "3g.20gb", Start: 4, UUID: "MIG-n-0-4"}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion2, Containers: map[string][]gpuinfo.CardAssignment{}}
@@ -195,7 +166,7 @@ func TestMIGPlacementFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cards := migNode(t, tt.cards...)
+			cards := migNode(tt.cards...)
 			used := make([]allocator.Usage, len(cards))
 			for i := range cards {
 				if cards[i].Slice != nil {

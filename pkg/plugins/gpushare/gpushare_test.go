@@ -159,7 +159,8 @@ func (h *harness) nodeInfo(node *v1.Node) fwk.NodeInfo {
 
 // boundPod is a pod already running on node with the given cards.
 func boundPod(name, node string, containers map[string][]gpuinfo.CardAssignment) *v1.Pod {
-	a := gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion1, Containers: containers}
+	a := gpuinfo.Assignment{Containers: containers}
+	a.Version = a.NeededVersion()
 	raw, err := a.Encode()
 	if err != nil {
 		panic(err)

@@ -104,6 +104,8 @@ func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo, claimNodes map[st
 		return shortfall{phrase: "with no healthy GPU"}
 	case allocator.InMIGMode:
 		return shortfall{phrase: "with only GPUs in MIG mode"}
+	case allocator.NoMIGSlice:
+		return shortfall{phrase: "with no GPU in MIG mode with a healthy slice"}
 	case allocator.Reserved:
 		return shortfall{phrase: "whose free GPUs are reserved for other pods"}
 	case allocator.TooFewCards:
@@ -111,6 +113,10 @@ func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo, claimNodes map[st
 	}
 	c := f.Container
 	switch {
+	case f.InSlices && c != nil && c.Exclusive():
+		return shortfall{phrase: "with at most %s MiB in a free MIG slice", figure: f.MostFree.MemoryMiB}
+	case f.InSlices:
+		return shortfall{phrase: "with at most %s MiB free in a MIG slice", figure: f.MostFree.MemoryMiB}
 	case c == nil || c.Exclusive():
 		return shortfall{phrase: "with no entirely free GPU"}
 	case c.MemoryMiB > 0 && f.MostFree.MemoryMiB < c.MemoryMiB:
@@ -177,6 +183,14 @@ func describe(req *gpuinfo.PodRequest) string {
 		return strconv.Itoa(len(req.Containers)) + " GPU containers placed together"
 	}
 	c := &req.Containers[0]
+	switch {
+	case req.Isolation == gpuinfo.OwnMIGSlice && c.MemoryMiB == 0:
+		return "1 MIG slice"
+	case req.Isolation == gpuinfo.OwnMIGSlice:
+		return "1 MIG slice with " + strconv.FormatInt(c.MemoryMiB, 10) + " MiB"
+	case req.Isolation == gpuinfo.MIGSliceShare:
+		return strconv.FormatInt(c.MemoryMiB, 10) + " MiB inside a MIG slice"
+	}
 	n := strconv.Itoa(c.Count) + " GPU"
 	if c.Count > 1 {
 		n += "s"
