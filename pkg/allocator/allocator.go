@@ -125,11 +125,14 @@ func appendSlices(cards []Card, c gpuinfo.Card) []Card {
 // work: healthy, not in MIG mode, not a slice.
 func (c *Card) TakesShares() bool { return c.Healthy && c.Slice == nil }
 
-// serves reports whether the entry may take new work of a request with the
-// given isolation: whole cards serve requests without MIG, slices serve MIG
+// serves reports whether the entry may take new work of req: whole cards
+// serve requests without MIG, slices (of the profile asked for, if any) MIG
 // requests.
-func (c *Card) serves(iso gpuinfo.Isolation) bool {
-	return c.Healthy && (c.Slice != nil) == iso.MIG()
+func (c *Card) serves(req *gpuinfo.PodRequest) bool {
+	if !c.Healthy || (c.Slice != nil) != req.Isolation.MIG() {
+		return false
+	}
+	return c.Slice == nil || req.MIGProfile == "" || c.Slice.Profile == req.MIGProfile
 }
 
 // NewCard converts one card of an inventory, or one published as a DRA

@@ -43,6 +43,8 @@ type Failure struct {
 	Reserved int
 	// InSlices reports that the container was placed among MIG slices.
 	InSlices bool
+	// Profile is the MIG profile the pod asked for (NoMIGSlice).
+	Profile string
 }
 
 // Message describes the failure for an operator, e.g. "no GPU has 8192 MiB
@@ -64,6 +66,9 @@ func (f *Failure) Message(selector string) string {
 	case InMIGMode:
 		return "GPUs in MIG mode (ask for a slice with annotation " + gpuinfo.IsolationAnnotation + ")"
 	case NoMIGSlice:
+		if f.Profile != "" {
+			return "no GPU in MIG mode with a healthy " + f.Profile + " slice"
+		}
 		return "no GPU in MIG mode with a healthy slice"
 	case Reserved:
 		return strconv.Itoa(f.Reserved) + " GPUs reserved for other pods"

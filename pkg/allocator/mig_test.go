@@ -86,6 +86,12 @@ func TestPlaceOnMIGSlices(t *testing.T) {
 			want: "0:2g.10gb@4",
 		},
 		{
+			name:  "a profile asked for by name, though a smaller slice holds it",
+			cards: [][]string{{"3g.20gb@0", "2g.10gb@4", "1g.5gb@6"}},
+			req:   &gpuinfo.PodRequest{Isolation: gpuinfo.OwnMIGSlice, MIGProfile: "3g.20gb", Containers: migRequest(gpuinfo.OwnMIGSlice, 1000).Containers},
+			want:  "0:3g.20gb@0",
+		},
+		{
 			name:  "a plain share skips the card in MIG mode",
 			cards: [][]string{{"3g.20gb@0"}, nil},
 			req:   &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 10)}},
@@ -160,6 +166,8 @@ func TestMIGPlacementFailures(t *testing.T) {
 		{"no slice free", [][]string{{"1g.5gb@0"}}, 100, migRequest(gpuinfo.OwnMIGSlice, 0), "no MIG slice is free"},
 		{"no room in any slice", [][]string{{"1g.5gb@0"}}, 4000, migRequest(gpuinfo.MIGSliceShare, 1000), "no MIG slice has 1000 MiB free"},
 		{"MIG asked, no card in MIG mode", [][]string{nil, nil}, 0, migRequest(gpuinfo.OwnMIGSlice, 0), "no GPU in MIG mode with a healthy slice"},
+		{"no slice of the profile asked for", [][]string{{"1g.5gb@0"}}, 0, &gpuinfo.PodRequest{Isolation: gpuinfo.OwnMIGSlice, MIGProfile: "2g.10gb", Containers: migRequest(gpuinfo.OwnMIGSlice, 0).Containers},
+			"no GPU in MIG mode with a healthy 2g.10gb slice"},
 		{"card in MIG mode without slices", [][]string{{}}, 0, migRequest(gpuinfo.OwnMIGSlice, 0), "no GPU in MIG mode with a healthy slice"},
 		{"share asked, only slices", [][]string{{"1g.5gb@0"}}, 0, &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 1024, 10)}},
 			"GPUs in MIG mode (ask for a slice with annotation tessera.io/gpu-isolation)"},

@@ -65,7 +65,7 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 				matching++
 			}
 			switch {
-			case c.serves(req.Isolation):
+			case c.serves(req):
 				s.eligible[i] = true
 				eligible++
 			case c.MIG || c.Slice != nil:
@@ -82,7 +82,7 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	case matching == 0:
 		return Outcome{Failure: Failure{Kind: NoMatchingCard}}
 	case eligible == 0 && req.Isolation.MIG():
-		return Outcome{Failure: Failure{Kind: NoMIGSlice}}
+		return Outcome{Failure: Failure{Kind: NoMIGSlice, Profile: req.MIGProfile}}
 	case eligible == 0 && mig > 0:
 		return Outcome{Failure: Failure{Kind: InMIGMode}}
 	case eligible == 0:

@@ -29,6 +29,9 @@ const (
 	// each GPU container a MIG slice of its own, IsolationMIGShared a memory
 	// share inside one.
 	IsolationAnnotation = Domain + "/gpu-isolation"
+	// MIGProfileAnnotation, with IsolationAnnotation, restricts a pod to
+	// MIG slices of the named profile, e.g. "3g.40gb".
+	MIGProfileAnnotation = Domain + "/gpu-mig-profile"
 	// UUIDAnnotation restricts a pod to the listed card UUIDs.
 	UUIDAnnotation = Domain + "/gpu-uuid"
 	// UUIDExcludeAnnotation excludes the listed card UUIDs.

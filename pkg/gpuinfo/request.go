@@ -68,6 +68,9 @@ type PodRequest struct {
 	TaskPriority TaskPriority
 	// Isolation is the pod's IsolationAnnotation.
 	Isolation Isolation
+	// MIGProfile, when set, is the only MIG profile whose slices serve the
+	// pod (MIGProfileAnnotation).
+	MIGProfile string
 }
 
 // ParsePodRequest reads a pod's GPU request. It returns nil, nil when no
@@ -108,7 +111,7 @@ func ParsePodRequest(pod *v1.Pod, names ResourceNames) (*PodRequest, error) {
 	if req.TaskPriority, err = ParseTaskPriority(pod.Annotations); err != nil {
 		return nil, err
 	}
-	if req.Isolation, err = parseIsolation(pod.Annotations, req.Containers, names); err != nil {
+	if req.Isolation, req.MIGProfile, err = parseIsolation(pod.Annotations, req.Containers, names); err != nil {
 		return nil, err
 	}
 	return req, nil

@@ -151,7 +151,7 @@ func TestParsePodRequest(t *testing.T) {
 			name: "two MIG slices for one container",
 			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "2"}).
 				Annotation(gpuinfo.IsolationAnnotation, "mig").Obj(),
-			wantErr: `container "con0": resource tessera.io/gpu: a container gets one MIG slice, got 2 (annotation tessera.io/gpu-isolation: mig)`,
+			wantErr: `container "con0": resource tessera.io/gpu: a container gets one MIG slice (a CUDA process sees one), got 2 (annotation tessera.io/gpu-isolation: mig)`,
 		},
 		{
 			name: "a MIG slice by percentage",
@@ -176,6 +176,50 @@ func TestParsePodRequest(t *testing.T) {
 			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
 				Annotation(gpuinfo.IsolationAnnotation, "mig-shared").Obj(),
 			wantErr: `resource tessera.io/gpu-memory: a share inside a MIG slice needs its memory in MiB`,
+		},
+		{
+			name: "HAMi's MIG mode is a slice of one's own",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"}).
+				Annotation(gpuinfo.HAMiModeAnnotation, "mig").Obj(),
+			names: gpuinfo.HAMiResourceNames(),
+			want:  &gpuinfo.PodRequest{Isolation: gpuinfo.OwnMIGSlice, Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 8000, Cores: 100}}},
+		},
+		{
+			name: "HAMi's hami-core mode is a shared card",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"}).
+				Annotation(gpuinfo.HAMiModeAnnotation, "hami-core").Obj(),
+			names: gpuinfo.HAMiResourceNames(),
+			want:  &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 8000}}},
+		},
+		{
+			name: "HAMi's MPS mode is refused",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "8000"}).
+				Annotation(gpuinfo.HAMiModeAnnotation, "mps").Obj(),
+			wantErr: `annotation nvidia.com/vgpu-mode: must be "hami-core" or "mig" (Tessera has no MPS), got "mps"`,
+		},
+		{
+			name: "Tessera's annotation wins over HAMi's",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "8000"}).
+				Annotation(gpuinfo.HAMiModeAnnotation, "mig").Annotation(gpuinfo.IsolationAnnotation, "mig-shared").Obj(),
+			want: &gpuinfo.PodRequest{Isolation: gpuinfo.MIGSliceShare, Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 8000}}},
+		},
+		{
+			name: "a MIG profile by name",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig").Annotation(gpuinfo.MIGProfileAnnotation, "3g.40gb").Obj(),
+			want: &gpuinfo.PodRequest{Isolation: gpuinfo.OwnMIGSlice, MIGProfile: "3g.40gb", Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, Cores: 100}}},
+		},
+		{
+			name: "a MIG profile without MIG",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
+				Annotation(gpuinfo.MIGProfileAnnotation, "3g.40gb").Obj(),
+			wantErr: "annotation tessera.io/gpu-mig-profile: needs tessera.io/gpu-isolation: mig or mig-shared",
+		},
+		{
+			name: "a MIG profile name with a slash",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "1"}).
+				Annotation(gpuinfo.IsolationAnnotation, "mig").Annotation(gpuinfo.MIGProfileAnnotation, "3g/40gb").Obj(),
+			wantErr: `annotation tessera.io/gpu-mig-profile: "3g/40gb" is not a MIG profile name such as 1g.10gb`,
 		},
 		{
 			name: "task priority on a pod without GPUs is not read",

@@ -105,7 +105,7 @@ func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo, claimNodes map[st
 	case allocator.InMIGMode:
 		return shortfall{phrase: "with only GPUs in MIG mode"}
 	case allocator.NoMIGSlice:
-		return shortfall{phrase: "with no GPU in MIG mode with a healthy slice"}
+		return shortfall{phrase: "with no GPU in MIG mode with a healthy slice" + ofProfile(s.req.MIGProfile)}
 	case allocator.Reserved:
 		return shortfall{phrase: "whose free GPUs are reserved for other pods"}
 	case allocator.TooFewCards:
@@ -185,11 +185,11 @@ func describe(req *gpuinfo.PodRequest) string {
 	c := &req.Containers[0]
 	switch {
 	case req.Isolation == gpuinfo.OwnMIGSlice && c.MemoryMiB == 0:
-		return "1 MIG slice"
+		return "1 MIG slice" + ofProfile(req.MIGProfile)
 	case req.Isolation == gpuinfo.OwnMIGSlice:
-		return "1 MIG slice with " + strconv.FormatInt(c.MemoryMiB, 10) + " MiB"
+		return "1 MIG slice" + ofProfile(req.MIGProfile) + " with " + strconv.FormatInt(c.MemoryMiB, 10) + " MiB"
 	case req.Isolation == gpuinfo.MIGSliceShare:
-		return strconv.FormatInt(c.MemoryMiB, 10) + " MiB inside a MIG slice"
+		return strconv.FormatInt(c.MemoryMiB, 10) + " MiB inside a MIG slice" + ofProfile(req.MIGProfile)
 	}
 	n := strconv.Itoa(c.Count) + " GPU"
 	if c.Count > 1 {
@@ -213,6 +213,14 @@ func describe(req *gpuinfo.PodRequest) string {
 		s += " each"
 	}
 	return s
+}
+
+// ofProfile names a MIG profile asked for: " of profile 3g.40gb", or "".
+func ofProfile(profile string) string {
+	if profile == "" {
+		return ""
+	}
+	return " of profile " + profile
 }
 
 // truncate cuts s to at most n bytes (on a rune boundary), marking the cut.
