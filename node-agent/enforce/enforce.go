@@ -343,15 +343,33 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, id string, node Node)
 	if err := node.checkCards(cards); err != nil {
 		return nil, fmt.Errorf("pod %s/%s: container %q: %s: %w", pod.Namespace, pod.Name, container, gpuinfo.AssignmentAnnotation, err)
 	}
-	// A whole card, or a MIG slice of its own (fenced in hardware), needs
-	// no interception.
-	whole := cr.Exclusive() && (req.Isolation == gpuinfo.OwnMIGSlice || cr.MemoryMiB == 0 && cr.MemoryPercent == 0)
-	adj := c.Cards(cards, node.migIndices(cards), whole, RegionName(id), c.taskPriority(pod, req.TaskPriority))
+	adj := c.Cards(cards, node.migIndices(cards), heldWhole(cr, cards), RegionName(id), c.taskPriority(pod, req.TaskPriority))
 	// Not a claim's: a value from the pod spec would make the agent count
 	// its cards as another claim's when it reads them back (runningHoldings).
 	adj.Env = append(adj.Env, EnvVar{ClaimEnv, ""})
 	adj.Holdings = []Holding{{Key: ContainerKey(id), Cards: cards}}
 	return adj, nil
+}
+
+// heldWhole reports whether a container holds its devices whole, so needs no
+// interception: MIG slices of its own (fenced in hardware), or whole cards
+// asked for without a memory limit. Slices are read from the assignment,
+// which only the scheduler writes, never from the pod's annotations, which
+// its owner may change after the pod was placed.
+func heldWhole(cr *gpuinfo.ContainerRequest, cards []gpuinfo.CardAssignment) bool {
+	slices := 0
+	for _, card := range cards {
+		if card.MIG != nil {
+			if card.Cores < gpuinfo.FullCores {
+				return false
+			}
+			slices++
+		}
+	}
+	if slices > 0 {
+		return slices == len(cards)
+	}
+	return cr.Exclusive() && cr.MemoryMiB == 0 && cr.MemoryPercent == 0
 }
 
 // boundHere refuses a pod that is not bound to node under uid: its

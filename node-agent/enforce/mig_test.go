@@ -75,6 +75,17 @@ func TestForMIGSlices(t *testing.T) {
 			wantCDI: []string{"nvidia.com/gpu=1:0"},
 		},
 		{
+			name: "its owner switching the pod to a slice of its own after placement changes nothing",
+			pod:  migPod("mig", map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}, shared),
+			wantEnv: []EnvVar{
+				{"NVIDIA_VISIBLE_DEVICES", "MIG-a"},
+				{"CUDA_DEVICE_MEMORY_LIMIT_0", "5000m"}, {"CUDA_DEVICE_SM_LIMIT_0", "0"},
+				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
+				{"CUDA_TASK_PRIORITY", "1"}, {"TESSERA_CLAIM", ""},
+			},
+			wantCDI: []string{"nvidia.com/gpu=1:0"},
+		},
+		{
 			name:    "a slice the card does not have",
 			pod:     migPod("mig", map[v1.ResourceName]string{"tessera.io/gpu-memory": "8000"}, `{"version":2,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":9856,"cores":100,"mig":{"profile":"1g.10gb","start":3,"uuid":"MIG-b"}}]}}`),
 			wantErr: "card 1 (GPU-1) has no MIG slice 1g.10gb at slot 3",
