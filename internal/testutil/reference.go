@@ -25,14 +25,27 @@ type RefContainer struct {
 	Init, Sidecar bool
 }
 
-// RefEntry is one card of a container's assignment.
+// RefEntry is one card (or MIG slice) of a container's assignment.
 type RefEntry struct {
 	UUID      string `json:"uuid"`
 	MemoryMiB int64  `json:"memoryMiB"`
 	Cores     int64  `json:"cores"`
+	MIG       *struct {
+		UUID string `json:"uuid"`
+	} `json:"mig"`
 }
 
-// Held returns what one pod holds on each card (by UUID): for each card, the
+// device is what the entry holds part of: its MIG device's UUID for a
+// slice, else the card's UUID.
+func (e RefEntry) device() string {
+	if e.MIG != nil {
+		return e.MIG.UUID
+	}
+	return e.UUID
+}
+
+// Held returns what one pod holds on each card (by UUID; a MIG slice by its
+// MIG device's UUID, as a card of its own): for each card, the
 // most memory and the most compute its containers use there at the same
 // time, at any phase of the pod's start. A regular init container runs with
 // the sidecars started before it; the app containers run together with every
@@ -42,14 +55,14 @@ func Held(containers []RefContainer, entries map[string][]RefEntry, capacity map
 	use := func(name string) map[string]Use {
 		m := map[string]Use{}
 		for _, e := range entries[name] {
-			c, ok := capacity[e.UUID]
+			c, ok := capacity[e.device()]
 			if !ok {
 				continue
 			}
 			if e.Cores >= gpuinfo.FullCores {
-				m[e.UUID] = c
+				m[e.device()] = c
 			} else {
-				m[e.UUID] = Use{e.MemoryMiB, e.Cores}
+				m[e.device()] = Use{e.MemoryMiB, e.Cores}
 			}
 		}
 		return m

@@ -34,7 +34,7 @@ func (e *env) checkNoOvercommit(t *testing.T) int {
 }
 
 // nodeCards reads the inventories of the test's nodes: each node's cards, and
-// each card's capacity by UUID. Nodes with bad inventories offer no cards.
+// each card's (and MIG slice's) capacity by UUID. Nodes with bad inventories offer no cards.
 func (e *env) nodeCards(t interface {
 	Helper()
 	Fatal(...any)
@@ -54,6 +54,12 @@ func (e *env) nodeCards(t interface {
 		cards[name] = inv.Cards
 		for _, c := range inv.Cards {
 			capacity[c.UUID] = testutil.Use{MemoryMiB: c.MemoryMiB, Cores: c.Cores}
+			if c.MIG == nil {
+				continue
+			}
+			for _, in := range c.MIG.Instances {
+				capacity[in.UUID] = testutil.Use{MemoryMiB: c.MIG.Profile(in.Profile).MemoryMiB, Cores: gpuinfo.FullCores}
+			}
 		}
 	}
 	return cards, capacity
@@ -84,6 +90,11 @@ func (e *env) usage(t *testing.T) cardUsage {
 	for node, nodeCards := range cards {
 		for _, c := range nodeCards {
 			u.where[c.UUID] = cardPlace{node, c.Index}
+			if c.MIG != nil {
+				for _, in := range c.MIG.Instances {
+					u.where[in.UUID] = cardPlace{node, c.Index}
+				}
+			}
 		}
 	}
 	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
