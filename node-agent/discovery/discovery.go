@@ -29,6 +29,20 @@ type Card struct {
 	Healthy bool
 }
 
+// Slice returns the card's MIG instance of the given profile at start, and
+// its profile; nil when it has none.
+func (c *Card) Slice(profile string, start int) (*gpuinfo.MIGInstance, *gpuinfo.MIGProfile) {
+	if c.MIG == nil {
+		return nil, nil
+	}
+	for i := range c.MIG.Instances {
+		if in := &c.MIG.Instances[i]; in.Profile == profile && in.Start == start {
+			return in, c.MIG.Profile(profile)
+		}
+	}
+	return nil, nil
+}
+
 // Backend lists the node's cards.
 type Backend interface {
 	// Name describes the backend for logs, e.g. "nvml (driver 550.54.15)".

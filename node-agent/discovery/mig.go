@@ -93,7 +93,7 @@ func simulatedGeometry(node string, index int, kind string, memoryMiB int64, ins
 			taken[s] = true
 		}
 		m.Instances = append(m.Instances, gpuinfo.MIGInstance{
-			Profile: name, Start: start, UUID: fmt.Sprintf("MIG-sim-%s-%d-%d", node, index, start), Healthy: true,
+			Profile: name, Start: start, UUID: fmt.Sprintf("MIG-sim-%s-%d-%d", node, index, start), Index: len(m.Instances), Healthy: true,
 		})
 	}
 	return m, nil

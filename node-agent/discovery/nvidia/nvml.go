@@ -29,6 +29,9 @@ type NVML struct {
 	// known is the last good reading of each card, by index: a card that
 	// stops answering is reported under it, unhealthy.
 	known map[int]discovery.Card
+	// migProblems is, by index, why a card in MIG mode has its geometry
+	// left out, as last logged.
+	migProblems map[int]string
 }
 
 // New initializes NVML through lib (nvml.New() in production, a mock in
@@ -45,7 +48,7 @@ func New(lib nvml.Interface) (*NVML, error) {
 	if ret != nvml.SUCCESS {
 		driver = "unknown"
 	}
-	return &NVML{lib: lib, driver: driver, sysfsPCI: "/sys/bus/pci/devices", known: map[int]discovery.Card{}}, nil
+	return &NVML{lib: lib, driver: driver, sysfsPCI: "/sys/bus/pci/devices", known: map[int]discovery.Card{}, migProblems: map[int]string{}}, nil
 }
 
 // Name describes the backend.
@@ -60,10 +63,10 @@ func (n *NVML) Close() error {
 }
 
 // Cards lists the cards NVML reports. A card NVML can no longer describe (it
-// fell off the bus, its handle or UUID cannot be read) is reported unhealthy
-// under its last good reading, the others as they are; one never read is
-// left out. When NVML itself stops answering (a driver reload), it is shut
-// down and initialised again before giving up.
+// fell off the bus, its handle or UUID cannot be read) is reported unhealthy,
+// its MIG instances too, under its last good reading, the others as they
+// are; one never read is left out. When NVML itself stops answering (a
+// driver reload), it is shut down and initialised again before giving up.
 func (n *NVML) Cards() ([]discovery.Card, error) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
@@ -83,6 +86,7 @@ func (n *NVML) Cards() ([]discovery.Card, error) {
 				continue
 			}
 			last.Healthy = false
+			last.MIG = withUnhealthyInstances(last.MIG)
 			c = last
 		} else {
 			n.known[i] = c
@@ -92,7 +96,8 @@ func (n *NVML) Cards() ([]discovery.Card, error) {
 	return cards, nil
 }
 
-// card reads card i; false when NVML cannot give its handle or UUID.
+// card reads card i, with its MIG geometry when it is in MIG mode; false when
+// NVML cannot give its handle or UUID.
 func (n *NVML) card(i int) (discovery.Card, bool) {
 	dev, ret := n.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
@@ -121,6 +126,9 @@ func (n *NVML) card(i int) (discovery.Card, bool) {
 	}
 	if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
 		c.NUMANode = n.numaNode(busID(pci))
+	}
+	if c.MIGEnabled {
+		c.MIG = n.migGeometry(c, dev)
 	}
 	return c, true
 }
