@@ -103,14 +103,15 @@ func runMain(m *testing.M) (int, error) {
 	return m.Run(), nil
 }
 
-// addNodes creates the GPU nodes: two A100s, two T4s, an L4 node whose agent
-// says it cannot enforce assignments, and a node whose inventory is invalid.
+// addNodes creates the GPU nodes: two A100s, two T4s, an A100 in MIG mode
+// with three slices, an L4 node whose agent says it cannot enforce
+// assignments, and a node whose inventory is invalid.
 func addNodes(ctx context.Context, cp *cluster.ControlPlane) error {
 	for _, n := range []struct {
 		name  string
 		spec  cluster.CardSpec
 		cards int
-	}{{"a100-node", cluster.A100, 2}, {"t4-node", cluster.T4, 2}, {"l4-node", cluster.L4, 1}} {
+	}{{"a100-node", cluster.A100, 2}, {"t4-node", cluster.T4, 2}, {"mig-node", "A100-40GB:mig=3g.20gb+2g.10gb+1g.5gb", 1}, {"l4-node", cluster.L4, 1}} {
 		if _, err := cp.AddSimulatedNode(ctx, n.name, n.spec, n.cards, nil); err != nil {
 			return fmt.Errorf("node %s: %w", n.name, err)
 		}
@@ -162,6 +163,8 @@ func placePods(ctx context.Context, cp *cluster.ControlPlane) error {
 		testPod("default", "infer-0", a100, gpuContainer("main", map[string]int64{"gpu-memory": 20480, "gpu-cores": 30})),
 		testPod("default", "infer-1", a100, gpuContainer("main", map[string]int64{"gpu-memory": 20480, "gpu-cores": 30})),
 		video,
+		testPod("default", "notebook", map[string]string{gpuinfo.IsolationAnnotation: gpuinfo.IsolationMIGShared},
+			gpuContainer("main", map[string]int64{"gpu-memory": 2000})),
 	}
 	elsewhere := testPod("default", "no-such-node", nil, gpuContainer("main", map[string]int64{"gpu-memory": 1024}))
 	elsewhere.Spec.NodeSelector = map[string]string{"example.com/pool": "none"}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -59,8 +60,12 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 				for j, h := range n.Holders[i] {
 					pods[j] = h.String()
 				}
+				uuid, slice := c.UUID, ""
+				if c.Slice != nil {
+					uuid, slice = c.Slice.DeviceUUID, sliceLabel(c.Slice.Profile, c.Slice.Start)
+				}
 				list.Items = append(list.Items, CardStatus{
-					Node: n.Name, Card: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG, Claims: n.Claims,
+					Node: n.Name, Card: c.Index, UUID: uuid, Slice: slice, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG, Claims: n.Claims,
 					MemoryMiB: c.Capacity.MemoryMiB, MemoryAllocatedMiB: n.Used[i].MemoryMiB, CoresAllocated: n.Used[i].Cores,
 					Pods: pods, Agent: blocked[n.Name].message,
 				})
@@ -90,11 +95,20 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 		}
 		for i, c := range n.Cards {
 			used := n.Used[i]
-			cells := []string{n.Name, fmt.Sprint(c.Index), n.Model(c)}
-			if wide {
-				cells = append(cells, c.UUID)
+			gpu, uuid := fmt.Sprint(c.Index), c.UUID
+			if c.Slice != nil {
+				gpu, uuid = fmt.Sprintf("%d/%s", c.Index, sliceLabel(c.Slice.Profile, c.Slice.Start)), c.Slice.DeviceUUID
 			}
-			cells = append(cells, memoryCell(used, c.Capacity, bars), coresCell(used, c.Capacity, bars), health(c, blocked[n.Name].short))
+			cells := []string{n.Name, gpu, n.Model(c)}
+			if wide {
+				cells = append(cells, uuid)
+			}
+			if c.MIG {
+				// Its slices, on the next rows, hold its pods.
+				cells = append(cells, "-", "-", health(c, blocked[n.Name].short))
+			} else {
+				cells = append(cells, memoryCell(used, c.Capacity, bars), coresCell(used, c.Capacity, bars), health(c, blocked[n.Name].short))
+			}
 			if wide {
 				cells = append(cells, agentCell(blocked, n.Name))
 			}
@@ -155,15 +169,21 @@ func coresCell(used, capacity allocator.Usage, bars bool) string {
 func health(c allocator.Card, agent string) string {
 	s := "Healthy"
 	switch {
-	case c.MIG:
-		s = "MIG (unsupported)"
 	case !c.Healthy:
 		s = "Unhealthy"
+	case c.MIG:
+		s = "MIG mode"
 	}
 	if agent != "" {
 		s += ", " + agent
 	}
 	return s
+}
+
+// sliceLabel names a MIG slice in tables: its profile and start slot,
+// "3g.40gb@4".
+func sliceLabel(profile string, start int) string {
+	return profile + "@" + strconv.Itoa(start)
 }
 
 func podsCell(holders []fleet.PodRef) string {

@@ -24,14 +24,17 @@ type CardStatus struct {
 	Node string `json:"node"`
 	// Card is the card's index on the node.
 	Card int `json:"card"`
-	// UUID is the card's UUID.
+	// UUID is the card's UUID, or a MIG slice's MIG device UUID.
 	UUID string `json:"uuid"`
+	// Slice, for a MIG slice of the card, is its profile and first memory
+	// slot, e.g. "3g.40gb@4"; the card's own entry comes first.
+	Slice string `json:"slice,omitempty"`
 	// Model is the card's product name.
 	Model string `json:"model"`
-	// Healthy is false for a card that gets no new work (unhealthy or in
-	// MIG mode).
+	// Healthy is false for a card (or slice) that gets no new work.
 	Healthy bool `json:"healthy"`
-	// MIG reports that the card is in MIG mode, which Tessera does not use.
+	// MIG reports that the card is in MIG mode: its slices, listed after
+	// it, take its pods.
 	MIG bool `json:"mig,omitempty"`
 	// Claims reports that the card is a DRA device, held by resource
 	// claims rather than by extended-resource assignments.
@@ -129,6 +132,9 @@ type ContainerUsage struct {
 	Node      string `json:"node"`
 	Card      int    `json:"card"`
 	UUID      string `json:"uuid"`
+	// Slice, when the container has a MIG slice of the card, is its
+	// profile and first memory slot, e.g. "1g.10gb@6".
+	Slice string `json:"slice,omitempty"`
 	// MemoryMiB and Cores are what the assignment gives the container.
 	MemoryMiB int64 `json:"memoryMiB"`
 	Cores     int64 `json:"cores"`

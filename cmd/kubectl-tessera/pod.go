@@ -143,7 +143,11 @@ func fits(ctx context.Context, g *globals, client kubernetes.Interface, req *gpu
 				var indices []string
 				for _, e := range a.Containers[c.Name] {
 					f.Cards[c.Name] = append(f.Cards[c.Name], e.Index)
-					indices = append(indices, strconv.Itoa(e.Index))
+					index := strconv.Itoa(e.Index)
+					if e.MIG != nil {
+						index += "/" + entrySlice(e)
+					}
+					indices = append(indices, index)
 				}
 				part := strings.Join(indices, ",")
 				if len(req.Containers) > 1 {

@@ -68,7 +68,7 @@ func runTop(ctx context.Context, g *globals, client kubernetes.Interface, ns str
 		for _, c := range gpuinfo.ContainerOrder(p) {
 			for _, card := range a.Containers[c.Name] {
 				rows = append(rows, ContainerUsage{Namespace: p.Namespace, Pod: p.Name, Container: c.Name, Node: p.Spec.NodeName,
-					Card: card.Index, UUID: card.UUID, MemoryMiB: card.MemoryMiB, Cores: card.Cores})
+					Card: card.Index, UUID: card.UUID, Slice: entrySlice(card), MemoryMiB: card.MemoryMiB, Cores: card.Cores})
 			}
 		}
 	}
@@ -111,7 +111,11 @@ func runTop(ctx context.Context, g *globals, client kubernetes.Interface, ns str
 	}
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, r := range rows {
-		cells := []string{r.Namespace, r.Pod, r.Container, r.Node, fmt.Sprint(r.Card)}
+		gpu := fmt.Sprint(r.Card)
+		if r.Slice != "" {
+			gpu += "/" + r.Slice
+		}
+		cells := []string{r.Namespace, r.Pod, r.Container, r.Node, gpu}
 		if wide {
 			cells = append(cells, r.UUID)
 		}
@@ -145,4 +149,13 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// entrySlice labels an assignment entry's MIG slice (sliceLabel); "" for a
+// card.
+func entrySlice(e gpuinfo.CardAssignment) string {
+	if e.MIG == nil {
+		return ""
+	}
+	return sliceLabel(e.MIG.Profile, e.MIG.Start)
 }

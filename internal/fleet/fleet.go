@@ -123,7 +123,7 @@ func (s *Snapshot) AddClaims(resourceSlices []resourceapi.ResourceSlice, claims 
 		}
 	}
 	for _, n := range byName {
-		sort.Sort(byIndex{n})
+		sort.Stable(byIndex{n})
 	}
 	sort.Slice(s.Nodes, func(i, j int) bool { return s.Nodes[i].Name < s.Nodes[j].Name })
 	for i := range claims {
@@ -154,7 +154,8 @@ func (s *Snapshot) AddClaims(resourceSlices []resourceapi.ResourceSlice, claims 
 	}
 }
 
-// byIndex sorts a node's cards, with their usage and holders, by index.
+// byIndex sorts a node's cards, with their usage and holders, by index,
+// stably: a card's MIG slices stay after it.
 type byIndex struct{ *Node }
 
 func (b byIndex) Len() int           { return len(b.Cards) }
@@ -213,7 +214,7 @@ func Build(nodes []v1.Node, pods []v1.Pod) *Snapshot {
 		}
 		for _, entries := range a.Containers {
 			for _, e := range entries {
-				if c := cardPosition(node.Cards, e.UUID); c >= 0 && !holds(node.Holders[c], ref) {
+				if c := cardPosition(node.Cards, e.Key()); c >= 0 && !holds(node.Holders[c], ref) {
 					node.Holders[c] = append(node.Holders[c], ref)
 				}
 			}

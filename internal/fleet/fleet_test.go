@@ -75,7 +75,7 @@ func TestBuild(t *testing.T) {
 		wantHolders: [][]PodRef{{{"ns", "i"}}, {{"ns", "x"}}},
 	}, {
 		name:  "invalid annotations are problems, not crashes",
-		nodes: []v1.Node{node("n", inventory), node("bad", `{"version":2}`), node("junk", `{`)},
+		nodes: []v1.Node{node("n", inventory), node("bad", `{"version":3}`), node("junk", `{`)},
 		pods: []v1.Pod{
 			pod("p", "n", `{"version":1,"containers":{"main":[{"index":0,"uuid":"GPU-a","memoryMiB":0,"cores":0}]}}`, v1.PodRunning),
 			pod("q", "n", `not json`, v1.PodRunning),
@@ -84,7 +84,7 @@ func TestBuild(t *testing.T) {
 		wantUsed:    []allocator.Usage{{}, {}},
 		wantHolders: [][]PodRef{nil, nil},
 		wantProblems: []string{
-			"node bad: tessera.io/gpu-inventory: version: unsupported version 2, want 1",
+			"node bad: tessera.io/gpu-inventory: version: unsupported version 3, want 1-2 (written by a newer node agent: upgrade the scheduler, or run the agent with --inventory-version=2)",
 			"node junk: tessera.io/gpu-inventory: invalid JSON: unexpected end of JSON input",
 			`pod ns/p: tessera.io/gpu-assignment: containers["main"][0].memoryMiB: 0 is outside 1-1048576 MiB`,
 			"pod ns/q: tessera.io/gpu-assignment: invalid JSON: invalid character 'o' in literal null (expecting 'u')",

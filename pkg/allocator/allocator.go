@@ -60,8 +60,7 @@ type Card struct {
 	ModelLower string
 	UUIDLower  string
 	Capacity   Usage
-	// Healthy is false for a card that must get no new work: unhealthy, or
-	// in MIG mode (MIG marks which).
+	// Healthy is false for a card (or slice) that must get no new work.
 	Healthy bool
 	// MIG marks a card in MIG mode: its UUID gives a container no usable
 	// device, so only its slices take pods.
@@ -123,13 +122,13 @@ func appendSlices(cards []Card, c gpuinfo.Card) []Card {
 
 // TakesShares reports whether the entry is a whole card that may take new
 // work: healthy, not in MIG mode, not a slice.
-func (c *Card) TakesShares() bool { return c.Healthy && c.Slice == nil }
+func (c *Card) TakesShares() bool { return c.Healthy && !c.MIG && c.Slice == nil }
 
 // serves reports whether the entry may take new work of req: whole cards
 // serve requests without MIG, slices (of the profile asked for, if any) MIG
 // requests.
 func (c *Card) serves(req *gpuinfo.PodRequest) bool {
-	if !c.Healthy || (c.Slice != nil) != req.Isolation.MIG() {
+	if !c.Healthy || c.MIG || (c.Slice != nil) != req.Isolation.MIG() {
 		return false
 	}
 	return c.Slice == nil || req.MIGProfile == "" || c.Slice.Profile == req.MIGProfile
@@ -145,7 +144,7 @@ func NewCard(c gpuinfo.Card) Card {
 		ModelLower: strings.ToLower(c.Model),
 		UUIDLower:  strings.ToLower(c.UUID),
 		Capacity:   Usage{MemoryMiB: c.MemoryMiB, Cores: c.Cores},
-		Healthy:    c.Healthy && !c.MIGEnabled,
+		Healthy:    c.Healthy,
 		MIG:        c.MIGEnabled,
 	}
 }

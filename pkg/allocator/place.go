@@ -353,7 +353,7 @@ func Holds(cards []Card, used []Usage, deltas []Delta, charge []Usage) bool {
 				free = free.sub(d.Usage)
 			}
 		}
-		if !cards[i].Healthy || !free.covers(charge[i]) {
+		if !cards[i].Healthy || cards[i].MIG || !free.covers(charge[i]) {
 			return false
 		}
 	}

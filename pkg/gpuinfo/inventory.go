@@ -55,15 +55,8 @@ type Card struct {
 // DecodeInventory parses and validates an inventory annotation. The cards of
 // the result are sorted by index.
 func DecodeInventory(raw string) (*Inventory, error) {
-	return DecodeInventoryUpTo(raw, InventoryVersion)
-}
-
-// DecodeInventoryUpTo is DecodeInventory for a reader that knows the versions
-// up to newest only, as a scheduler of an earlier release does: a newer
-// inventory is refused before anything else of it is read.
-func DecodeInventoryUpTo(raw string, newest int) (*Inventory, error) {
 	var inv Inventory
-	if err := decodeAnnotation(InventoryAnnotation, raw, &versionBound{&inv, newest}); err != nil {
+	if err := decodeAnnotation(InventoryAnnotation, raw, &inv); err != nil {
 		return nil, err
 	}
 	sort.Slice(inv.Cards, func(i, j int) bool { return inv.Cards[i].Index < inv.Cards[j].Index })
@@ -73,23 +66,12 @@ func DecodeInventoryUpTo(raw string, newest int) (*Inventory, error) {
 // Encode returns the annotation value for the inventory.
 func (inv *Inventory) Encode() (string, error) { return encodeAnnotation(inv) }
 
-// versionBound validates an inventory for a reader that knows the versions up
-// to newest.
-type versionBound struct {
-	*Inventory
-	newest int
-}
-
-func (b versionBound) Validate() error {
-	if b.Version > b.newest {
-		return fmt.Errorf("%s: version: unsupported version %d, want 1-%d (this scheduler is older than the node agent: upgrade it, or run the agent with --inventory-version=%d)", InventoryAnnotation, b.Version, b.newest, b.newest)
-	}
-	return b.Inventory.Validate()
-}
-
 // Validate reports the first problem of the inventory, naming the field.
 func (inv *Inventory) Validate() error {
-	if inv.Version < InventoryVersion1 || inv.Version > InventoryVersion {
+	switch {
+	case inv.Version > InventoryVersion:
+		return fmt.Errorf("%s: version: unsupported version %d, want 1-%d (written by a newer node agent: upgrade the scheduler, or run the agent with --inventory-version=%d)", InventoryAnnotation, inv.Version, InventoryVersion, InventoryVersion)
+	case inv.Version < InventoryVersion1:
 		return fmt.Errorf("%s: version: unsupported version %d, want 1-%d", InventoryAnnotation, inv.Version, InventoryVersion)
 	}
 	if len(inv.Cards) > MaxCardsPerNode {

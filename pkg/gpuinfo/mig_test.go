@@ -1,6 +1,7 @@
 package gpuinfo_test
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -39,30 +40,38 @@ func TestMIGInventoryRoundTrip(t *testing.T) {
 	}
 }
 
-// TestOlderReaderRefusesVersion2 is what a scheduler of the release before
-// version 2 does with a v2 agent's inventory: it knows version 1 only, and
-// refuses the node's cards with a reason naming the version and the way out,
-// rather than read the card in MIG mode as a whole card.
+// TestOlderReaderRefusesVersion2: a scheduler of the release before version
+// 2 reads the annotation into its version 1 types and refuses any version
+// but 1, first thing (pkg/gpuinfo/inventory.go at de21641: "unsupported
+// version %d, want %d"): a version 2 inventory must keep its version where
+// that reader looks, so that the node's cards are refused with that reason
+// rather than the card in MIG mode read as a whole card.
 func TestOlderReaderRefusesVersion2(t *testing.T) {
 	raw, err := migInventory().Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = gpuinfo.DecodeInventoryUpTo(raw, gpuinfo.InventoryVersion1)
-	if err == nil || !strings.Contains(err.Error(), "version: unsupported version 2, want 1-1") || !strings.Contains(err.Error(), "--inventory-version=1") {
-		t.Errorf("a version 1 reader gave %v, want the version refused with the flag that avoids it", err)
+	var v1Reader struct {
+		Version int `json:"version"`
 	}
-	// And a version 1 inventory is read by both.
-	v1 := migInventory()
-	v1.Version, v1.Cards[0].MIG = gpuinfo.InventoryVersion1, nil
-	raw, err = v1.Encode()
-	if err != nil {
+	if err := json.Unmarshal([]byte(raw), &v1Reader); err != nil {
 		t.Fatal(err)
 	}
-	for _, newest := range []int{gpuinfo.InventoryVersion1, gpuinfo.InventoryVersion} {
-		if _, err := gpuinfo.DecodeInventoryUpTo(raw, newest); err != nil {
-			t.Errorf("reader of versions up to %d: %v", newest, err)
+	if v1Reader.Version != 2 {
+		t.Errorf("a version 1 reader finds version %d, want 2, which it refuses", v1Reader.Version)
+	}
+	// This release reads both, and says what to do about a newer one.
+	v1 := migInventory()
+	v1.Version, v1.Cards[0].MIG = gpuinfo.InventoryVersion1, nil
+	for _, inv := range []*gpuinfo.Inventory{v1, migInventory()} {
+		if err := inv.Validate(); err != nil {
+			t.Errorf("version %d: %v", inv.Version, err)
 		}
+	}
+	v3 := migInventory()
+	v3.Version = 3
+	if err := v3.Validate(); err == nil || !strings.Contains(err.Error(), "unsupported version 3, want 1-2 (written by a newer node agent: upgrade the scheduler, or run the agent with --inventory-version=2)") {
+		t.Errorf("version 3: %v", err)
 	}
 }
 

@@ -221,6 +221,9 @@ func (l *Ledger) CardsHealthy(nodeName string, a *gpuinfo.Assignment) error {
 			if !n.cards[i].Healthy {
 				return fmt.Errorf("GPU %d (%s) chosen for container %q became unhealthy on node %s", e.Index, e.UUID, name, nodeName)
 			}
+			if n.cards[i].MIG {
+				return fmt.Errorf("GPU %d (%s) chosen for container %q is in MIG mode now on node %s", e.Index, e.UUID, name, nodeName)
+			}
 		}
 	}
 	return nil

@@ -4,10 +4,15 @@ import "github.com/tessera-gpu/tessera/pkg/allocator"
 
 // CardUsage is one card's capacity and usage in a Snapshot.
 type CardUsage struct {
-	Index    int
-	UUID     string
-	Model    string
-	Healthy  bool
+	Index   int
+	UUID    string
+	Model   string
+	Healthy bool
+	// MIG marks a card in MIG mode: its slices, which follow it, hold its
+	// pods.
+	MIG bool
+	// Slice, when set, makes this entry a MIG slice of the card before it.
+	Slice    *allocator.Slice
 	Capacity allocator.Usage
 	Used     allocator.Usage
 	// Pods is how many pods (bound or assumed) hold part of the card.
@@ -26,7 +31,7 @@ func (l *Ledger) Snapshot() map[string][]CardUsage {
 		}
 		cards := make([]CardUsage, len(n.cards))
 		for i, c := range n.cards {
-			cards[i] = CardUsage{Index: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, Capacity: c.Capacity, Used: n.used[i]}
+			cards[i] = CardUsage{Index: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG, Slice: c.Slice, Capacity: c.Capacity, Used: n.used[i]}
 		}
 		for uid := range n.pods {
 			for i, charge := range l.pods[uid].charge {
@@ -68,7 +73,7 @@ func (l *Ledger) InventoryGeneration() uint64 {
 }
 
 // UsableCardsByModel counts the fleet's usable cards (healthy, not in MIG
-// mode, on nodes with a valid inventory) by lower-case model.
+// mode, not slices, on nodes with a valid inventory) by lower-case model.
 func (l *Ledger) UsableCardsByModel() map[string]int {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
@@ -78,7 +83,7 @@ func (l *Ledger) UsableCardsByModel() map[string]int {
 			continue
 		}
 		for i := range n.cards {
-			if n.cards[i].Healthy {
+			if n.cards[i].TakesShares() {
 				counts[n.cards[i].ModelLower]++
 			}
 		}

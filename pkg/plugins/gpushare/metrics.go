@@ -11,6 +11,7 @@ import (
 	"k8s.io/component-base/metrics/legacyregistry"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
 // The scheduler's metrics, in kube-scheduler's own registry (served on its
@@ -30,13 +31,23 @@ var (
 	cardPods = metrics.NewDesc("tessera_gpu_card_pods",
 		"Pods holding part of the card.", cardLabels, nil, metrics.ALPHA, "")
 	cardHealthy = metrics.NewDesc("tessera_gpu_card_healthy",
-		"1 when the card takes new pods (healthy, not in MIG mode), else 0.", cardLabels, nil, metrics.ALPHA, "")
+		"1 when the card is healthy (in MIG mode, its slices take its pods), else 0.", cardLabels, nil, metrics.ALPHA, "")
+	sliceLabels = []string{"node", "card", "model", "slice"}
+
+	sliceMemoryCapacity = metrics.NewDesc("tessera_gpu_mig_slice_memory_capacity_mib",
+		"GPU memory of the MIG slice (profile@start), MiB.", sliceLabels, nil, metrics.ALPHA, "")
+	sliceMemoryAllocated = metrics.NewDesc("tessera_gpu_mig_slice_memory_allocated_mib",
+		"GPU memory of the MIG slice held by pods placed on it, MiB.", sliceLabels, nil, metrics.ALPHA, "")
+	slicePods = metrics.NewDesc("tessera_gpu_mig_slice_pods",
+		"Pods holding the MIG slice or part of it.", sliceLabels, nil, metrics.ALPHA, "")
+	sliceHealthy = metrics.NewDesc("tessera_gpu_mig_slice_healthy",
+		"1 when the MIG slice takes new pods, else 0.", sliceLabels, nil, metrics.ALPHA, "")
 	fleetMemoryCapacity = metrics.NewDesc("tessera_gpu_fleet_memory_capacity_mib",
-		"GPU memory of every healthy card, MiB.", nil, nil, metrics.ALPHA, "")
+		"GPU memory of every healthy card not in MIG mode and every healthy MIG slice, MiB.", nil, nil, metrics.ALPHA, "")
 	fleetMemoryAllocated = metrics.NewDesc("tessera_gpu_fleet_memory_allocated_mib",
-		"GPU memory held by pods on healthy cards, MiB.", nil, nil, metrics.ALPHA, "")
+		"GPU memory held by pods on those cards and slices, MiB.", nil, nil, metrics.ALPHA, "")
 	fleetCards = metrics.NewDesc("tessera_gpu_fleet_cards",
-		"Cards by state: free (nothing on it), shared (partly held), full (no memory or compute left), unhealthy.", []string{"state"}, nil, metrics.ALPHA, "")
+		"Cards by state: free (nothing on it), shared (partly held), full (no memory or compute left), mig (in MIG mode), unhealthy.", []string{"state"}, nil, metrics.ALPHA, "")
 	fleetFragmentation = metrics.NewDesc("tessera_gpu_fleet_fragmentation_ratio",
 		"Share of the fleet's free GPU that the requests the scheduler has recently seen could not use (the fragmentation-aware policy's measure, CPU left aside); 0 when nothing is free.", nil, nil, metrics.ALPHA, "")
 	agentHeartbeatAge = metrics.NewDesc("tessera_gpu_agent_heartbeat_age_seconds",
@@ -59,6 +70,7 @@ var pendingReasons = []struct{ label, marker string }{
 	{"compute", "compute free"},
 	{"cards", "GPUs have room"},
 	{"whole_card", "entirely free"},
+	{"mig", "MIG"},
 	{"no_gpus", "node has no GPUs"},
 }
 
@@ -78,6 +90,7 @@ type collector struct {
 // DescribeWithStability lists the metrics.
 func (c *collector) DescribeWithStability(ch chan<- *metrics.Desc) {
 	for _, d := range []*metrics.Desc{cardMemoryCapacity, cardMemoryAllocated, cardCoresAllocated, cardPods, cardHealthy,
+		sliceMemoryCapacity, sliceMemoryAllocated, slicePods, sliceHealthy,
 		fleetMemoryCapacity, fleetMemoryAllocated, fleetCards, fleetFragmentation, agentHeartbeatAge, agentReady, pendingPods} {
 		ch <- d
 	}
@@ -91,31 +104,32 @@ func (c *collector) CollectWithStability(ch chan<- metrics.Metric) {
 		return
 	}
 	var capacity, allocated float64
-	states := map[string]float64{"free": 0, "shared": 0, "full": 0, "unhealthy": 0}
+	states := map[string]float64{"free": 0, "shared": 0, "full": 0, "mig": 0, "unhealthy": 0}
 	for node, cards := range f.ledger.Snapshot() {
 		for _, card := range cards {
+			healthy := 0.0
+			if card.Healthy {
+				healthy = 1
+			}
+			if card.Healthy && !card.MIG {
+				capacity += float64(card.Capacity.MemoryMiB)
+				allocated += float64(card.Used.MemoryMiB)
+			}
+			if card.Slice != nil {
+				labels := []string{node, strconv.Itoa(card.Index), card.Model, card.Slice.Profile + "@" + strconv.Itoa(card.Slice.Start)}
+				ch <- metrics.NewLazyConstMetric(sliceMemoryCapacity, metrics.GaugeValue, float64(card.Capacity.MemoryMiB), labels...)
+				ch <- metrics.NewLazyConstMetric(sliceMemoryAllocated, metrics.GaugeValue, float64(card.Used.MemoryMiB), labels...)
+				ch <- metrics.NewLazyConstMetric(slicePods, metrics.GaugeValue, float64(card.Pods), labels...)
+				ch <- metrics.NewLazyConstMetric(sliceHealthy, metrics.GaugeValue, healthy, labels...)
+				continue
+			}
 			labels := []string{node, strconv.Itoa(card.Index), card.Model}
 			ch <- metrics.NewLazyConstMetric(cardMemoryCapacity, metrics.GaugeValue, float64(card.Capacity.MemoryMiB), labels...)
 			ch <- metrics.NewLazyConstMetric(cardMemoryAllocated, metrics.GaugeValue, float64(card.Used.MemoryMiB), labels...)
 			ch <- metrics.NewLazyConstMetric(cardCoresAllocated, metrics.GaugeValue, float64(card.Used.Cores), labels...)
 			ch <- metrics.NewLazyConstMetric(cardPods, metrics.GaugeValue, float64(card.Pods), labels...)
-			healthy := 0.0
-			switch {
-			case !card.Healthy:
-				states["unhealthy"]++
-			case card.Used.MemoryMiB >= card.Capacity.MemoryMiB || card.Used.Cores >= card.Capacity.Cores:
-				states["full"]++
-			case card.Pods > 0:
-				states["shared"]++
-			default:
-				states["free"]++
-			}
-			if card.Healthy {
-				healthy = 1
-				capacity += float64(card.Capacity.MemoryMiB)
-				allocated += float64(card.Used.MemoryMiB)
-			}
 			ch <- metrics.NewLazyConstMetric(cardHealthy, metrics.GaugeValue, healthy, labels...)
+			states[cardState(card)]++
 		}
 	}
 	ch <- metrics.NewLazyConstMetric(fleetMemoryCapacity, metrics.GaugeValue, capacity)
@@ -184,4 +198,19 @@ func unschedulableMessage(pod *v1.Pod) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// cardState is a card's state for tessera_gpu_fleet_cards.
+func cardState(card ledger.CardUsage) string {
+	switch {
+	case !card.Healthy:
+		return "unhealthy"
+	case card.MIG:
+		return "mig"
+	case card.Used.MemoryMiB >= card.Capacity.MemoryMiB || card.Used.Cores >= card.Capacity.Cores:
+		return "full"
+	case card.Pods > 0:
+		return "shared"
+	}
+	return "free"
 }
