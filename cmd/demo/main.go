@@ -53,6 +53,7 @@ var fleet = []struct {
 	{"h100-node", cluster.H100, 8},
 	{"t4-node", cluster.T4, 4},
 	{"l4-node", cluster.L4, 2},
+	{"a100-mig-node", "A100-40GB:mig=3g.20gb+2g.10gb+1g.5gb", 1},
 }
 
 // draNode is the demo's node whose cards are DRA devices.

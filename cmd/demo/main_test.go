@@ -26,7 +26,11 @@ func TestDemoOnce(t *testing.T) {
 		// model selector: the 4-card job is on H100s.
 		regexp.MustCompile(`(?m)^h100-node\s+\d\s+NVIDIA H100.*pretrain-h100$`),
 		regexp.MustCompile(`(?m)^t4-node\s+\d\s+Tesla T4.*video-pipeline$`),
-		regexp.MustCompile(`default/too-big: .*GPUs: the pod needs 1 GPU with 163840 MiB; 4 nodes with at most 81920 MiB free on a GPU; 1 node whose GPUs are DRA devices, for resource claims only; 1 node without GPUs`),
+		regexp.MustCompile(`default/too-big: .*GPUs: the pod needs 1 GPU with 163840 MiB; 4 nodes with at most 81920 MiB free on a GPU; 1 node whose GPUs are DRA devices, for resource claims only; 1 node with only GPUs in MIG mode; 1 node without GPUs`),
+		// MIG: a slice of its own, the smallest that holds 8000 MiB; two
+		// memory shares inside the 1g.5gb slice.
+		regexp.MustCompile(`(?m)^a100-mig-node\s+0/2g\.10gb@4\s+.*9856/9856 .*mig-inference$`),
+		regexp.MustCompile(`(?m)^a100-mig-node\s+0/1g\.5gb@6\s+.*4000/4864 .*mig-notebook-a, mig-notebook-b$`),
 		// a pod without GPUs goes to the node without GPUs.
 		regexp.MustCompile(`(?m)^Without GPUs:\n  default/web on cpu-node\n`),
 		// priority: the critical pod preempted one batch job and took its L4.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -55,7 +56,16 @@ func WriteTable(ctx context.Context, client kubernetes.Interface, w io.Writer) e
 			for j, h := range n.Holders[i] {
 				holders[j] = h.Name
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s %6d/%-6d\t%s %3d%%\t%s\n", n.Name, c.Index, model,
+			gpu := strconv.Itoa(c.Index)
+			if c.Slice != nil {
+				gpu += "/" + c.Slice.Profile + "@" + strconv.Itoa(c.Slice.Start)
+			}
+			if c.MIG {
+				// Its slices, on the next rows, hold its pods.
+				fmt.Fprintf(tw, "%s\t%s\t%s (MIG mode)\t-\t-\t\n", n.Name, gpu, model)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s %6d/%-6d\t%s %3d%%\t%s\n", n.Name, gpu, model,
 				fleet.Bar(used.MemoryMiB, c.Capacity.MemoryMiB), used.MemoryMiB, c.Capacity.MemoryMiB,
 				fleet.Bar(used.Cores, c.Capacity.Cores), used.Cores, strings.Join(holders, ", "))
 		}
