@@ -56,6 +56,9 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 		list := CardList{APIVersion: OutputAPIVersion, Kind: "GPUCardList", Items: []CardStatus{}}
 		for _, n := range snapshot.Nodes {
 			for i, c := range n.Cards {
+				if c.OnlyPossible(n.Used[i]) {
+					continue
+				}
 				pods := make([]string, len(n.Holders[i]))
 				for j, h := range n.Holders[i] {
 					pods[j] = h.String()
@@ -95,6 +98,9 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 		}
 		for i, c := range n.Cards {
 			used := n.Used[i]
+			if c.OnlyPossible(used) {
+				continue
+			}
 			gpu, uuid := fmt.Sprint(c.Index), c.UUID
 			if c.Slice != nil {
 				gpu, uuid = fmt.Sprintf("%d/%s", c.Index, sliceLabel(c.Slice.Profile, c.Slice.Start)), c.Slice.DeviceUUID
@@ -173,6 +179,8 @@ func health(c allocator.Card, agent string) string {
 		s = "Unhealthy"
 	case c.MIG:
 		s = "MIG mode"
+	case c.Slice != nil && !c.Slice.Exists():
+		s = "Being created"
 	}
 	if agent != "" {
 		s += ", " + agent

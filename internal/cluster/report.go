@@ -52,6 +52,9 @@ func WriteTable(ctx context.Context, client kubernetes.Interface, w io.Writer) e
 				model += " (unhealthy)"
 			}
 			used := n.Used[i]
+			if c.OnlyPossible(used) {
+				continue
+			}
 			holders := make([]string, len(n.Holders[i]))
 			for j, h := range n.Holders[i] {
 				holders[j] = h.Name

@@ -95,12 +95,16 @@ func Cards(n int) map[v1.ResourceName]string {
 var a100MIGProfiles = []gpuinfo.MIGProfile{
 	{Name: "1g.5gb", Slices: 1, Size: 1, MemoryMiB: 4864, Multiprocessors: 14, Starts: []int{0, 1, 2, 3, 4, 5, 6}},
 	{Name: "2g.10gb", ID: 1, Slices: 2, Size: 2, MemoryMiB: 9856, Multiprocessors: 28, Starts: []int{0, 2, 4}},
+	{Name: "1g.10gb", ID: 9, Slices: 1, Size: 2, MemoryMiB: 9856, Multiprocessors: 14, Starts: []int{0, 2, 4, 6}},
 	{Name: "3g.20gb", ID: 2, Slices: 3, Size: 4, MemoryMiB: 19968, Multiprocessors: 42, Starts: []int{0, 4}},
+	{Name: "4g.20gb", ID: 3, Slices: 4, Size: 4, MemoryMiB: 19968, Multiprocessors: 56, Starts: []int{0}},
+	{Name: "7g.40gb", ID: 4, Slices: 7, Size: 8, MemoryMiB: 40192, Multiprocessors: 98, Starts: []int{0}},
 }
 
 // MIGInventory returns a version 2 inventory of A100 40GB cards whose UUIDs
 // start with prefix: cards[i] lists card i's MIG slices, "PROFILE@START"
-// each (1g.5gb, 2g.10gb or 3g.20gb); nil leaves card i out of MIG mode.
+// each (1g.5gb, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb or 7g.40gb); nil leaves
+// card i out of MIG mode.
 // Slice UUIDs are "MIG-<prefix>-<card>-<start>".
 func MIGInventory(prefix string, cards ...[]string) *gpuinfo.Inventory {
 	inv := Inventory(prefix, "NVIDIA A100-SXM4-40GB", 40960, len(cards))

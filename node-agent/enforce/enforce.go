@@ -411,14 +411,17 @@ func (n Node) checkCards(cards []gpuinfo.CardAssignment) error {
 }
 
 // checkSlice refuses a MIG slice the card does not have now as named: its
-// profile at its start, under its MIG device UUID, with the memory asked
-// for.
+// profile at its start, under its MIG device UUID (on a dynamic card, a
+// slice created for the pod after it was placed, whatever UUID it got),
+// with the memory asked for.
 func checkSlice(want gpuinfo.CardAssignment, card discovery.Card) error {
 	in, p := card.Slice(want.MIG.Profile, want.MIG.Start)
 	switch {
 	case in == nil:
 		return fmt.Errorf("card %d (%s) has no MIG slice %s at slot %d", want.Index, want.UUID, want.MIG.Profile, want.MIG.Start)
-	case in.UUID != want.MIG.UUID:
+	case want.MIG.UUID == "" && !card.MIG.Dynamic:
+		return fmt.Errorf("card %d (%s): the assignment names no MIG device for slice %s at slot %d, and the card is not dynamic", want.Index, want.UUID, want.MIG.Profile, want.MIG.Start)
+	case want.MIG.UUID != "" && in.UUID != want.MIG.UUID:
 		return fmt.Errorf("card %d: its MIG slice %s at slot %d is %s, not %q", want.Index, want.MIG.Profile, want.MIG.Start, in.UUID, want.MIG.UUID)
 	case want.MemoryMiB > p.MemoryMiB:
 		return fmt.Errorf("card %d, MIG slice %s (%s): %d MiB is more than the slice's %d MiB", want.Index, want.MIG.Profile, in.UUID, want.MemoryMiB, p.MemoryMiB)

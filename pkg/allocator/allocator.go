@@ -80,16 +80,25 @@ type Slice struct {
 	// Profile and Start are the slice's profile and first memory slot.
 	Profile string
 	Start   int
-	// DeviceUUID is the MIG device's UUID.
+	// Slices is the profile's share of the card's compute, in slices.
+	Slices int
+	// Mask has a bit set for each memory slot the slice takes.
+	Mask uint32
+	// CardSlots is how many memory slots the card has.
+	CardSlots int
+	// DeviceUUID is the MIG device's UUID; "" for a slice of a dynamic
+	// card that does not exist yet: the agent creates it for the pod
+	// placed there.
 	DeviceUUID string
 }
 
-// MaxUnits bounds the entries of a node's card list: every card and each of
-// its MIG slices.
-const MaxUnits = gpuinfo.MaxCardsPerNode * (1 + gpuinfo.MaxMIGSlots)
+// Exists reports whether the slice is a MIG device now, rather than a
+// placement the agent of a dynamic card would create.
+func (sl *Slice) Exists() bool { return sl.DeviceUUID != "" }
 
 // NewCards converts an inventory's cards: each card, followed by its MIG
-// slices where it has any.
+// slices where it has any — on a dynamic card, also every placement of
+// every profile that the existing slices leave room for.
 func NewCards(inv *gpuinfo.Inventory) []Card {
 	cards := make([]Card, 0, len(inv.Cards))
 	for _, c := range inv.Cards {
@@ -104,20 +113,61 @@ func appendSlices(cards []Card, c gpuinfo.Card) []Card {
 	if c.MIG == nil {
 		return cards
 	}
+	var taken uint32
 	for _, in := range c.MIG.Instances {
 		p := c.MIG.Profile(in.Profile)
-		cards = append(cards, Card{
-			Index:      c.Index,
-			UUID:       gpuinfo.SliceKey(c.UUID, in.Profile, in.Start),
-			Model:      c.Model,
-			ModelLower: strings.ToLower(c.Model),
-			UUIDLower:  strings.ToLower(c.UUID),
-			Capacity:   Usage{MemoryMiB: p.MemoryMiB, Cores: gpuinfo.FullCores},
-			Healthy:    c.Healthy && in.Healthy,
-			Slice:      &Slice{CardUUID: c.UUID, Profile: in.Profile, Start: in.Start, DeviceUUID: in.UUID},
-		})
+		cards = append(cards, sliceCard(c, p, in.Start, in.UUID, in.Healthy))
+		taken |= slotMask(in.Start, p.Size)
+	}
+	if !c.MIG.Dynamic {
+		return cards
+	}
+	for i := range c.MIG.Profiles {
+		p := &c.MIG.Profiles[i]
+		if !creatable(p.Name) {
+			continue
+		}
+		for _, start := range p.Starts {
+			if slotMask(start, p.Size)&taken == 0 {
+				cards = append(cards, sliceCard(c, p, start, "", true))
+			}
+		}
 	}
 	return cards
+}
+
+// sliceCard is the entry of a slice of profile p at start on card c.
+func sliceCard(c gpuinfo.Card, p *gpuinfo.MIGProfile, start int, deviceUUID string, healthy bool) Card {
+	return Card{
+		Index:      c.Index,
+		UUID:       gpuinfo.SliceKey(c.UUID, p.Name, start),
+		Model:      c.Model,
+		ModelLower: strings.ToLower(c.Model),
+		UUIDLower:  strings.ToLower(c.UUID),
+		Capacity:   Usage{MemoryMiB: p.MemoryMiB, Cores: gpuinfo.FullCores},
+		Healthy:    c.Healthy && healthy,
+		Slice: &Slice{
+			CardUUID: c.UUID, Profile: p.Name, Start: start, Slices: p.Slices, Mask: slotMask(start, p.Size),
+			CardSlots: c.MIG.Slots, DeviceUUID: deviceUUID,
+		},
+	}
+}
+
+// slotMask has the bits of slots start to start+size-1 set.
+func slotMask(start, size int) uint32 { return (1<<size - 1) << start }
+
+// creatable reports whether Tessera creates slices of the profile on a
+// dynamic card: the plain profiles ("3g.40gb"), not the variants with or
+// without media extensions or graphics ("1g.10gb+me"), which only an
+// operator asks for.
+func creatable(profile string) bool { return !strings.ContainsAny(profile, "+-") }
+
+// OnlyPossible reports whether the entry is a slice of a dynamic card that
+// does not exist and that nothing holds (used is what is held on it): a
+// placement the scheduler may choose, not a device; tables and metrics
+// leave it out.
+func (c *Card) OnlyPossible(used Usage) bool {
+	return c.Slice != nil && !c.Slice.Exists() && used == Usage{}
 }
 
 // TakesShares reports whether the entry is a whole card that may take new

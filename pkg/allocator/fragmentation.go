@@ -58,7 +58,7 @@ type fragment struct {
 	matches  [MaxShapes]bool
 	needs    [MaxShapes]Usage
 	// fitting has bit k set on card i when shape k fits it now.
-	fitting [MaxUnits]uint64
+	fitting []uint64
 }
 
 // freePermille is the usable part of a card, the scarcer of memory and
@@ -95,6 +95,10 @@ func (f *fragment) fits(k int, free Usage) bool {
 func (f *fragment) measure(w *Workload, cards []Card, free []Usage, cpuFree int64) {
 	f.shapes = len(w.Shapes)
 	f.total, f.cpuFree = 0, cpuFree
+	if cap(f.fitting) < len(cards) {
+		f.fitting = make([]uint64, len(cards))
+	}
+	f.fitting = f.fitting[:len(cards)]
 	if f.workload != w {
 		f.workload, f.model = w, ""
 	}

@@ -201,3 +201,134 @@ func TestExclusiveNeedsTheMemory(t *testing.T) {
 		t.Error("20000 MiB held whole fits a 16384 MiB card")
 	}
 }
+
+// dynamicNode is migNode with every card in MIG mode dynamic.
+func dynamicNode(cards ...[]string) []allocator.Card {
+	inv := testutil.MIGInventory("n", cards...)
+	for i := range inv.Cards {
+		if inv.Cards[i].MIG != nil {
+			inv.Cards[i].MIG.Dynamic = true
+		}
+	}
+	return allocator.NewCards(inv)
+}
+
+// placeAll places the requests one after another on the node, each held
+// from then on, and returns where each went ("CARD:PROFILE@START"), or
+// "pending".
+func placeAll(cards []allocator.Card, policy allocator.Policy, reqs ...*gpuinfo.PodRequest) []string {
+	used := make([]allocator.Usage, len(cards))
+	var got []string
+	for _, req := range reqs {
+		out := &gpuinfo.Assignment{Version: gpuinfo.AssignmentVersion2, Containers: map[string][]gpuinfo.CardAssignment{}}
+		if o := allocator.Place(cards, used, nil, req, allocator.Strategy{Policy: policy}, out); !o.Fits {
+			got = append(got, "pending")
+			continue
+		}
+		got = append(got, slice(out))
+		charge := allocator.Charge(cards, []gpuinfo.NamedContainer{{Name: "c"}}, out)
+		for i := range used {
+			used[i] = allocator.Usage{MemoryMiB: used[i].MemoryMiB + charge[i].MemoryMiB, Cores: used[i].Cores + charge[i].Cores}
+		}
+	}
+	return got
+}
+
+// TestDynamicMIGPlacement: on a dynamic card the scheduler chooses the
+// profile (the smallest that holds the request) and the placement NVML
+// allows that rules out the fewest others, so a sequence that first-fit
+// placement would block fits: a 1g.5gb at slot 0 would leave no room for a
+// 4g.20gb, which can only start there.
+func TestDynamicMIGPlacement(t *testing.T) {
+	own := func(memoryMiB int64) *gpuinfo.PodRequest { return migRequest(gpuinfo.OwnMIGSlice, memoryMiB) }
+	named := func(profile string) *gpuinfo.PodRequest {
+		r := migRequest(gpuinfo.OwnMIGSlice, 0)
+		r.MIGProfile = profile
+		return r
+	}
+	tests := []struct {
+		name  string
+		cards [][]string
+		reqs  []*gpuinfo.PodRequest
+		want  []string
+	}{
+		{
+			name:  "first-fit would block the 4g.20gb",
+			cards: [][]string{{}},
+			reqs:  []*gpuinfo.PodRequest{own(4000), named("4g.20gb"), own(9000)},
+			want:  []string{"0:1g.5gb@6", "0:4g.20gb@0", "0:1g.10gb@4"},
+		},
+		{
+			name:  "a slice that exists before one to create",
+			cards: [][]string{{"3g.20gb@4"}},
+			reqs:  []*gpuinfo.PodRequest{own(15000)},
+			want:  []string{"0:3g.20gb@4"},
+		},
+		{
+			name:  "slices to create never overlap held ones",
+			cards: [][]string{{}},
+			reqs:  []*gpuinfo.PodRequest{named("7g.40gb"), own(1000)},
+			want:  []string{"0:7g.40gb@0", "pending"},
+		},
+		{
+			name:  "shares fill a slice before another is made",
+			cards: [][]string{{}},
+			reqs:  []*gpuinfo.PodRequest{migRequest(gpuinfo.MIGSliceShare, 2000), migRequest(gpuinfo.MIGSliceShare, 2000), migRequest(gpuinfo.MIGSliceShare, 2000)},
+			want:  []string{"0:1g.5gb@6", "0:1g.5gb@6", "0:1g.5gb@4"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := placeAll(dynamicNode(tt.cards...), allocator.Binpack, tt.reqs...)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("placements (-want,+got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestFirstFitBlocks is the reference the test above is measured against:
+// placing each request at the first start its profile allows, the
+// 4g.20gb finds no room.
+func TestFirstFitBlocks(t *testing.T) {
+	profiles := testutil.MIGInventory("n", []string{}).Cards[0].MIG
+	var taken uint32
+	firstFit := func(name string) bool {
+		p := profiles.Profile(name)
+		for _, start := range p.Starts {
+			if m := uint32(1<<p.Size-1) << start; m&taken == 0 {
+				taken |= m
+				return true
+			}
+		}
+		return false
+	}
+	if !firstFit("1g.5gb") || firstFit("4g.20gb") {
+		t.Error("first-fit placed a 1g.5gb and then a 4g.20gb; the test above proves nothing")
+	}
+}
+
+// TestHoldsRefusesOverlappingSlices: a planned slice to create no longer
+// holds once another slice takes one of its slots.
+func TestHoldsRefusesOverlappingSlices(t *testing.T) {
+	cards := dynamicNode([]string{})
+	pos := func(key string) int {
+		for i, c := range cards {
+			if c.UUID == key {
+				return i
+			}
+		}
+		t.Fatalf("no entry %s", key)
+		return -1
+	}
+	plan := make([]allocator.Usage, len(cards))
+	plan[pos("GPU-n-0/3g.20gb@0")] = allocator.Usage{MemoryMiB: 19968, Cores: 100}
+	used := make([]allocator.Usage, len(cards))
+	if !allocator.Holds(cards, used, nil, plan) {
+		t.Fatal("the plan does not hold on an empty card")
+	}
+	used[pos("GPU-n-0/1g.5gb@2")] = allocator.Usage{MemoryMiB: 4864, Cores: 100}
+	if allocator.Holds(cards, used, nil, plan) {
+		t.Error("the plan holds though a 1g.5gb at slot 2 overlaps it")
+	}
+}

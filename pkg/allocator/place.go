@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"math/bits"
 	"sync"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -30,17 +31,32 @@ type Outcome struct {
 
 // scratch is Place's working memory, pooled so Place does not allocate.
 type scratch struct {
-	free     [MaxUnits]Usage
-	charge   [MaxUnits]Usage
-	base     [MaxUnits]Usage
-	eligible [MaxUnits]bool
-	taken    [MaxUnits]bool
+	free     []Usage
+	charge   []Usage
+	base     []Usage
+	eligible []bool
+	taken    []bool
+	// occupied holds, by card index, the memory slots of the card's MIG
+	// slices that exist or are held; held those of the slices held
+	// (occupy).
+	occupied, held [gpuinfo.MaxCardsPerNode]uint32
 	frag     fragment
 	// fragBefore is the node's fragmentation before the placement.
 	fragBefore float64
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// size makes the working memory hold n entries, allocating only when it
+// has never held so many.
+func (s *scratch) size(n int) {
+	if cap(s.free) < n {
+		s.free, s.charge, s.base = make([]Usage, n), make([]Usage, n), make([]Usage, n)
+		s.eligible, s.taken = make([]bool, n), make([]bool, n)
+	}
+	s.free, s.charge, s.base = s.free[:n], s.charge[:n], s.base[:n]
+	s.eligible, s.taken = s.eligible[:n], s.taken[:n]
+}
 
 // Place chooses cards on one node for every container of req. used is the
 // ledger's usage of each card (parallel to cards) and deltas adjust it. When
@@ -54,6 +70,7 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	s := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(s)
 	n := len(cards)
+	s.size(n)
 	matching, eligible, mig := 0, 0, 0
 	for i := range cards {
 		c := &cards[i]
@@ -169,10 +186,11 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 	for i := range cards {
 		s.taken[i] = false
 	}
+	s.occupy(cards)
 	for k := 0; k < c.Count; k++ {
 		best, bestReuse, bestKey := -1, false, int64(0)
 		for i := range cards {
-			if !s.eligible[i] || s.taken[i] {
+			if !s.eligible[i] || s.taken[i] || !s.placeable(cards, i) {
 				continue
 			}
 			card := &cards[i]
@@ -184,10 +202,8 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 			reuse := s.charge[i].sub(s.base[i]).covers(nd)
 			key := leftoverPermille(avail.sub(nd), card.Capacity)
 			switch {
-			case card.Slice != nil && c.Exclusive():
-				// The smallest slice that holds the request, then the
-				// policy's choice among the cards.
-				key = -card.Capacity.MemoryMiB*8192 + s.sliceCardKey(cards, i, policy)
+			case card.Slice != nil:
+				key = s.sliceKey(cards, i, c, policy, key)
 			case policy == Binpack:
 				key = -key
 			case policy == FragmentationAware:
@@ -215,18 +231,91 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 	return Failure{}, true
 }
 
-// sliceCardKey ranks the card of slice i by how much of its slices' memory
-// is taken, in per mille: Binpack prefers the fullest card, Spread the
-// emptiest.
-func (s *scratch) sliceCardKey(cards []Card, i int, policy Policy) int64 {
-	var capacity, free int64
-	for j := range cards {
-		if cards[j].Slice != nil && cards[j].Index == cards[i].Index {
-			capacity += cards[j].Capacity.MemoryMiB
-			free += max(s.free[j].MemoryMiB, 0)
+// occupy computes, for each card in MIG mode, the memory slots its slices
+// that exist or are held take (occupied), and those its held slices take
+// (held).
+func (s *scratch) occupy(cards []Card) {
+	s.occupied, s.held = [gpuinfo.MaxCardsPerNode]uint32{}, [gpuinfo.MaxCardsPerNode]uint32{}
+	for i := range cards {
+		sl := cards[i].Slice
+		if sl == nil {
+			continue
+		}
+		held := s.free[i] != cards[i].Capacity
+		if held {
+			s.held[cards[i].Index] |= sl.Mask
+		}
+		if held || sl.Exists() {
+			s.occupied[cards[i].Index] |= sl.Mask
 		}
 	}
-	taken := (capacity - free) * 1000 / max(capacity, 1)
+}
+
+// placeable reports whether entry i can be used at all: any card, any slice
+// that exists or is held, and a slice to create whose slots no other slice
+// takes.
+func (s *scratch) placeable(cards []Card, i int) bool {
+	sl := cards[i].Slice
+	if sl == nil || sl.Exists() || s.free[i] != cards[i].Capacity {
+		return true
+	}
+	return s.occupied[cards[i].Index]&sl.Mask == 0
+}
+
+// sliceKey ranks slice i for container c, higher first: for a slice of its
+// own, the smallest that holds it; for a share, the slices already holding
+// shares, then the tightest fit (Spread: the loosest, leftover being the
+// fit's leftoverPermille); then a slice that exists over one to create; then
+// the placement that rules out the fewest others on a dynamic card, so that
+// the largest profiles stay possible; then the profile with the fewest
+// compute slices; then the policy's choice of card.
+func (s *scratch) sliceKey(cards []Card, i int, c *gpuinfo.ContainerRequest, policy Policy, leftover int64) int64 {
+	card := &cards[i]
+	held := s.free[i] != card.Capacity
+	primary := -leftover
+	switch {
+	case c.Exclusive():
+		primary = -card.Capacity.MemoryMiB
+	case policy == Spread:
+		primary = leftover
+	}
+	if held && !c.Exclusive() {
+		primary += 1 << 21
+	}
+	exists := int64(0)
+	if held || card.Slice.Exists() {
+		exists = 1
+	}
+	loss := min(s.placementLoss(cards, i), 1023)
+	fewer := int64(gpuinfo.MaxMIGSlots - min(card.Slice.Slices, gpuinfo.MaxMIGSlots))
+	return (((primary*2+exists)*1024+1023-loss)*32+fewer)*4096 + s.sliceCardKey(card, policy) + 2048
+}
+
+// placementLoss is how many memory slots' worth of placements (each
+// placement counted by its size) taking slice i rules out on its card: 0
+// for a slice that exists or is held.
+func (s *scratch) placementLoss(cards []Card, i int) int64 {
+	sl := cards[i].Slice
+	if sl.Exists() || s.free[i] != cards[i].Capacity {
+		return 0
+	}
+	var loss int64
+	for j := range cards {
+		o := cards[j].Slice
+		if j == i || o == nil || cards[j].Index != cards[i].Index || o.Mask&sl.Mask == 0 || !s.placeable(cards, j) ||
+			o.Exists() || s.free[j] != cards[j].Capacity {
+			continue
+		}
+		loss += int64(bits.OnesCount32(o.Mask))
+	}
+	return loss
+}
+
+// sliceCardKey ranks a slice's card by how many of its memory slots held
+// slices take, in per mille: Binpack prefers the fullest card, Spread the
+// emptiest.
+func (s *scratch) sliceCardKey(card *Card, policy Policy) int64 {
+	taken := int64(bits.OnesCount32(s.held[card.Index])) * 1000 / int64(max(card.Slice.CardSlots, 1))
 	if policy == Spread {
 		return -taken
 	}
@@ -272,8 +361,8 @@ func (s *scratch) failure(cards []Card, c *gpuinfo.ContainerRequest, k int) Fail
 func (s *scratch) usedPermille(cards []Card) int64 {
 	var capMem, capCores, freeMem, freeCores int64
 	for i := range cards {
-		if cards[i].MIG {
-			// Counted in its slices.
+		if cards[i].MIG || cards[i].Slice != nil && !cards[i].Slice.Exists() && s.free[i] == cards[i].Capacity {
+			// Counted in its slices; a slice to create counts once held.
 			continue
 		}
 		capMem += cards[i].Capacity.MemoryMiB
@@ -343,17 +432,28 @@ func Charge(cards []Card, order []gpuinfo.NamedContainer, a *gpuinfo.Assignment)
 // charges (charge, parallel to cards, as Charge returns) is healthy and has
 // that much free, after used and deltas.
 func Holds(cards []Card, used []Usage, deltas []Delta, charge []Usage) bool {
+	var occupied [gpuinfo.MaxCardsPerNode]uint32
+	free := make([]Usage, len(cards))
+	for i := range cards {
+		free[i] = cards[i].Capacity.sub(used[i])
+		for _, d := range deltas {
+			if d.UUID == cards[i].UUID {
+				free[i] = free[i].sub(d.Usage)
+			}
+		}
+		if sl := cards[i].Slice; sl != nil && (sl.Exists() || free[i] != cards[i].Capacity) {
+			occupied[cards[i].Index] |= sl.Mask
+		}
+	}
 	for i := range cards {
 		if charge[i] == (Usage{}) {
 			continue
 		}
-		free := cards[i].Capacity.sub(used[i])
-		for _, d := range deltas {
-			if d.UUID == cards[i].UUID {
-				free = free.sub(d.Usage)
-			}
+		if !cards[i].Healthy || cards[i].MIG || !free[i].covers(charge[i]) {
+			return false
 		}
-		if !cards[i].Healthy || cards[i].MIG || !free.covers(charge[i]) {
+		// A slice to create needs slots no other slice takes.
+		if sl := cards[i].Slice; sl != nil && !sl.Exists() && free[i] == cards[i].Capacity && occupied[cards[i].Index]&sl.Mask != 0 {
 			return false
 		}
 	}

@@ -20,6 +20,9 @@ const (
 // GPU instance profiles the card offers, where each may be placed, and the
 // instances it holds now.
 type MIG struct {
+	// Dynamic: Tessera creates and destroys the card's slices as pods need
+	// them; the scheduler chooses profile and placement.
+	Dynamic bool `json:"dynamic,omitempty"`
 	// Slots is how many memory slots the card's placements count in.
 	Slots int `json:"slots"`
 	// Profiles are the GPU instance profiles the card offers.

@@ -107,6 +107,9 @@ func (c *collector) CollectWithStability(ch chan<- metrics.Metric) {
 	states := map[string]float64{"free": 0, "shared": 0, "full": 0, "mig": 0, "unhealthy": 0}
 	for node, cards := range f.ledger.Snapshot() {
 		for _, card := range cards {
+			if card.Slice != nil && !card.Slice.Exists() && card.Pods == 0 {
+				continue // a placement of a dynamic card, not a device
+			}
 			healthy := 0.0
 			if card.Healthy {
 				healthy = 1
