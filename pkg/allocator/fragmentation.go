@@ -218,6 +218,7 @@ func PlaceWithoutGPU(cards []Card, used []Usage, st Strategy) Outcome {
 	s := scratchPool.Get().(*scratch)
 	defer scratchPool.Put(s)
 	n := len(cards)
+	s.size(n)
 	for i := range cards {
 		s.free[i] = cards[i].Capacity.sub(used[i])
 	}
