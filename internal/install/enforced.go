@@ -29,6 +29,7 @@ const (
 	PolicyGPUPodsBoundByTessera = "tessera-gpu-pods-bound-by-tessera"
 	PolicyGPUInventory          = "tessera-gpu-inventory"
 	PolicyAgentLeases           = "tessera-agent-leases"
+	PolicyAgentPodStatus        = "tessera-agent-pod-status"
 	PolicyDRASlices             = "tessera-dra-slices"
 	PolicyCDIAnnotations        = "tessera-cdi-annotations"
 	PolicyHighPriority          = "tessera-high-priority"

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/health"
+	"github.com/tessera-gpu/tessera/node-agent/migslices"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -41,7 +42,15 @@ type Agent struct {
 	// InventoryVersion is the inventory version published: 1 (also when
 	// 0) or 2, which adds the cards' MIG geometry and which schedulers of
 	// earlier releases refuse.
-	InventoryVersion  int
+	InventoryVersion int
+	// DynamicMIG, when set, reports the cards in MIG mode whose slices
+	// Tessera makes as pods need them (--dynamic-mig-cards); the simulated
+	// backend marks its own.
+	DynamicMIG func(index int) bool
+	// Slices, when set, cuts the dynamic cards into the slices their pods
+	// hold before each scan is published, and asks for a scan when a pod
+	// on the node changes.
+	Slices            *migslices.Manager
 	RescanInterval    time.Duration
 	HeartbeatInterval time.Duration
 
@@ -106,6 +115,10 @@ func (a *Agent) Run(ctx context.Context) {
 	defer a.stopping(ctx)
 	rescan := time.NewTicker(a.RescanInterval)
 	defer rescan.Stop()
+	var slicesWanted <-chan struct{}
+	if a.Slices != nil {
+		slicesWanted = a.Slices.Changes()
+	}
 	beat := time.NewTicker(a.HeartbeatInterval)
 	defer beat.Stop()
 	for {
@@ -117,6 +130,8 @@ func (a *Agent) Run(ctx context.Context) {
 		case <-rescan.C:
 			a.rescan(ctx)
 		case <-a.xids.events:
+			a.rescan(ctx)
+		case <-slicesWanted:
 			a.rescan(ctx)
 		case <-beat.C:
 			a.heartbeat(ctx)
@@ -162,6 +177,30 @@ func (a *Agent) Once(ctx context.Context) error {
 	return a.Publisher.Heartbeat(ctx)
 }
 
+// cutSlices marks the dynamic cards and, with Slices, makes and unmakes
+// their slices as the node's pods need, returning the cards as they are
+// then.
+func (a *Agent) cutSlices(ctx context.Context, cards []discovery.Card) []discovery.Card {
+	mark := func(cards []discovery.Card) []discovery.Card {
+		for i := range cards {
+			if a.DynamicMIG != nil && cards[i].MIGEnabled && a.DynamicMIG(cards[i].Index) {
+				cards[i].MIGDynamic = true
+			}
+		}
+		return cards
+	}
+	cards = mark(cards)
+	if a.Slices == nil || !a.Slices.Reconcile(ctx, cards) {
+		return cards
+	}
+	again, err := a.Backend.Cards()
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Reading the cards again after changing their MIG slices failed")
+		return cards
+	}
+	return mark(again)
+}
+
 // scan reads the cards, applies their health and publishes the inventory.
 // When the backend cannot read the cards, the last ones it read are
 // published unhealthy (and the error returned): no new work goes to cards
@@ -179,6 +218,7 @@ func (a *Agent) scan(ctx context.Context) error {
 			cards[i].Healthy = false
 		}
 	} else {
+		cards = a.cutSlices(ctx, cards)
 		a.lastCards = slices.Clone(cards)
 	}
 	if a.Health != nil {

@@ -35,6 +35,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
@@ -468,7 +469,7 @@ func SlimPod(obj any) (any, error) {
 		},
 	}
 	for k, v := range pod.Annotations {
-		if strings.HasPrefix(k, gpuinfo.Domain+"/") {
+		if strings.HasPrefix(k, gpuinfo.Domain+"/") || k == gpuinfo.HAMiModeAnnotation {
 			if slim.Annotations == nil {
 				slim.Annotations = map[string]string{}
 			}
@@ -505,7 +506,7 @@ func slimStatuses(in []v1.ContainerStatus) []v1.ContainerStatus {
 // getter reading its cache once it has synced. It fails if the cache cannot
 // sync before ctx ends (for example, when the agent may not list pods).
 func WatchPodsOnNode(ctx context.Context, client kubernetes.Interface, node string) (PodGetter, error) {
-	lister, err := PodsOnNode(ctx, client, node)
+	lister, err := PodsOnNode(ctx, client, node, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -513,14 +514,24 @@ func WatchPodsOnNode(ctx context.Context, client kubernetes.Interface, node stri
 }
 
 // PodsOnNode is WatchPodsOnNode's informer, as a lister of its cache: the
-// node agent's one watch of its pods serves both enforcement and metrics.
-// It holds the pods that have not finished (a pod leaves the watch when it
-// succeeds or fails), each cut to what the agent reads (SlimPod).
-func PodsOnNode(ctx context.Context, client kubernetes.Interface, node string) (corelisters.PodLister, error) {
+// node agent's one watch of its pods serves enforcement, metrics and the MIG
+// slices. It holds the pods that have not finished (a pod leaves the watch
+// when it succeeds or fails), each cut to what the agent reads (SlimPod).
+// onChange, when set, is called after each change the watch delivers.
+func PodsOnNode(ctx context.Context, client kubernetes.Interface, node string, onChange func()) (corelisters.PodLister, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = podsOnNode(node)
 	}), informers.WithTransform(SlimPod))
-	lister := factory.Core().V1().Pods().Lister()
+	informer := factory.Core().V1().Pods()
+	if onChange != nil {
+		changed := func(any) { onChange() }
+		if _, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed,
+		}); err != nil {
+			return nil, err
+		}
+	}
+	lister := informer.Lister()
 	factory.Start(ctx.Done())
 	for typ, synced := range factory.WaitForCacheSync(ctx.Done()) {
 		if !synced {

@@ -2,6 +2,7 @@ package publish
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -33,6 +34,10 @@ const (
 	// ReasonShareExceeded is on a pod whose containers use more of a card
 	// than they hold.
 	ReasonShareExceeded = "GPUShareExceeded"
+	// ReasonMIGSliceUnavailable is on a pod whose MIG slice could not be
+	// created on a dynamic card, and is the reason of the pod's Failed
+	// phase.
+	ReasonMIGSliceUnavailable = "GPUMIGSliceUnavailable"
 )
 
 // ReportExceeded records a Warning Event on the pod (namespace, name, uid):
@@ -69,6 +74,30 @@ func (p *Publisher) ReportRefusal(ctx context.Context, pod *v1.Pod, container, r
 	}
 	regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
 	return p.record(ctx, pod.Namespace, pod.Name+"-gpu-", "CreateContainer", ReasonContainerRefused, v1.EventTypeWarning, note, regarding)
+}
+
+// FailPod marks pod Failed with reason ReasonMIGSliceUnavailable and the
+// message why, so that its cards are freed and its owner may replace it
+// (kubelet stops a pod another client marked Failed), and records the same
+// as a Warning Event. The pod's UID is a precondition: a pod recreated under
+// the same name is left alone.
+func (p *Publisher) FailPod(ctx context.Context, pod *v1.Pod, why string) error {
+	message := fmt.Sprintf("node %s: %s", p.NodeName, why)
+	if len(message) > maxNote {
+		message = message[:maxNote-3] + "..."
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": pod.UID},
+		"status":   map[string]any{"phase": v1.PodFailed, "reason": ReasonMIGSliceUnavailable, "message": message},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := p.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("marking pod %s/%s Failed: %w", pod.Namespace, pod.Name, err)
+	}
+	regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+	return p.record(ctx, pod.Namespace, pod.Name+"-gpu-", "CreateMIGSlice", ReasonMIGSliceUnavailable, v1.EventTypeWarning, message, regarding)
 }
 
 // maxNote is the longest note the API accepts on an Event.

@@ -405,7 +405,7 @@ func TestAgentPodCacheHoldsUnfinishedPods(t *testing.T) {
 	setPhase("done", v1.PodSucceeded)
 	ctx, cancel := context.WithCancel(e.tCtx)
 	defer cancel()
-	lister, err := nri.PodsOnNode(ctx, e.agentClient(node), node)
+	lister, err := nri.PodsOnNode(ctx, e.agentClient(node), node, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,6 +36,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/metrics"
+	"github.com/tessera-gpu/tessera/node-agent/migslices"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/overuse"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
@@ -78,6 +80,7 @@ func main() {
 	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
 	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
+	dynamicMIG := flag.String("dynamic-mig-cards", "", "cards in MIG mode whose slices Tessera creates and destroys as the pods placed there need them: all, or comma-separated card indices; empty (the default) leaves every card's slices as the operator made them. Never name a card NVIDIA's MIG manager or DRA driver also manages (docs/mig.md)")
 	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion1, "the inventory version published on the node: 1, which every Tessera scheduler reads, or 2, which adds the cards' MIG slices and which schedulers before this release refuse (set it once the scheduler is upgraded: docs/install.md)")
 	printVersion := flag.Bool("version", false, "print Tessera's version and exit")
 	flag.Parse()
@@ -108,6 +111,11 @@ func main() {
 		klog.ErrorS(nil, "--inventory-version must be 1 or 2", "value", *inventoryVersion)
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
+	dynamicCards, err := parseDynamicMIG(*dynamicMIG)
+	if err != nil {
+		klog.ErrorS(err, "Bad --dynamic-mig-cards")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
 	if *resourceName == "" {
 		*resourceName = string(names.GPU)
 	}
@@ -131,7 +139,7 @@ func main() {
 		}
 	}
 	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir},
-		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse, inventoryVersion: *inventoryVersion}
+		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse, inventoryVersion: *inventoryVersion, dynamicMIG: dynamicCards}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, metricsPort); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
@@ -153,6 +161,9 @@ type services struct {
 	stopOverUse     bool
 	// inventoryVersion is the inventory version published.
 	inventoryVersion int
+	// dynamicMIG reports the cards whose MIG slices Tessera makes; nil:
+	// none.
+	dynamicMIG func(index int) bool
 }
 
 func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string, rescan, heartbeat, leaseDuration, quiet time.Duration, svc services, metricsPort endpoint) error {
@@ -192,6 +203,22 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		RescanInterval:    rescan,
 		HeartbeatInterval: heartbeat,
 		InventoryVersion:  svc.inventoryVersion,
+		DynamicMIG:        svc.dynamicMIG,
+	}
+	if svc.dynamicMIG != nil {
+		controller, ok := backend.(discovery.MIGController)
+		if !ok {
+			return fmt.Errorf("--dynamic-mig-cards: the %s backend cannot create MIG slices", backend.Name())
+		}
+		a.Slices = migslices.New(controller, func(pod *v1.Pod, why string) {
+			go func() {
+				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if err := a.Publisher.FailPod(ctx, pod, why); err != nil {
+					klog.ErrorS(err, "Failing the pod whose MIG slice could not be made failed", "pod", klog.KObj(pod))
+				}
+			}()
+		})
 	}
 	if svc.driver != nil {
 		a.Devices = append(a.Devices, svc.driver)
@@ -258,14 +285,21 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			}()
 		}
 	}
-	if enforcer != nil || collector != nil {
+	if enforcer != nil || collector != nil || a.Slices != nil {
 		go func() {
 			// The pods bound to this node, as the API server has them: one
-			// watch for enforcement and metrics.
-			pods, err := nri.PodsOnNode(ctx, client, nodeName)
+			// watch for enforcement, metrics and the MIG slices.
+			var changed func()
+			if a.Slices != nil {
+				changed = a.Slices.Wake
+			}
+			pods, err := nri.PodsOnNode(ctx, client, nodeName, changed)
 			if err != nil {
 				klog.ErrorS(err, "No pod cache: GPU containers on this node cannot start, and no container metrics")
 				return
+			}
+			if a.Slices != nil {
+				a.Slices.SetPods(func() ([]*v1.Pod, error) { return pods.List(labels.Everything()) })
 			}
 			if enforcer != nil {
 				enforcer.SetPods(func(namespace, name string) (*v1.Pod, error) { return pods.Pods(namespace).Get(name) })
@@ -383,4 +417,24 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
+}
+
+// parseDynamicMIG reads --dynamic-mig-cards: "" (none, nil), "all", or
+// comma-separated card indices.
+func parseDynamicMIG(value string) (func(index int) bool, error) {
+	switch strings.TrimSpace(value) {
+	case "":
+		return nil, nil
+	case "all":
+		return func(int) bool { return true }, nil
+	}
+	cards := map[int]bool{}
+	for _, part := range strings.Split(value, ",") {
+		i, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || i < 0 || i >= gpuinfo.MaxCardsPerNode {
+			return nil, fmt.Errorf("%q: want all or card indices 0-%d separated by commas", value, gpuinfo.MaxCardsPerNode-1)
+		}
+		cards[i] = true
+	}
+	return func(index int) bool { return cards[index] }, nil
 }
