@@ -67,7 +67,9 @@ type slice struct {
 	start   int
 }
 
-func (s slice) String() string { return fmt.Sprintf("card %d, MIG %s at slot %d", s.card, s.profile, s.start) }
+func (s slice) String() string {
+	return fmt.Sprintf("card %d, MIG %s at slot %d", s.card, s.profile, s.start)
+}
 
 // Reconcile destroys the slices of the dynamic cards that no pod holds, then
 // creates those that pods hold and the cards lack. It returns whether it
