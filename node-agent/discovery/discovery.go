@@ -25,8 +25,11 @@ type Card struct {
 	MIGEnabled bool
 	// MIG is the card's MIG geometry when it is in MIG mode and the backend
 	// could read it; nil otherwise (then the card takes no pods).
-	MIG     *gpuinfo.MIG
-	Healthy bool
+	MIG *gpuinfo.MIG
+	// MIGDynamic: the operator lets Tessera create and destroy this card's
+	// MIG slices (the agent's --dynamic-mig-cards).
+	MIGDynamic bool
+	Healthy    bool
 }
 
 // Slice returns the card's MIG instance of the given profile at start, and
@@ -53,6 +56,22 @@ type Backend interface {
 	Close() error
 }
 
+// MIGController is a backend that can create and destroy MIG slices on its
+// cards in MIG mode. It never changes a card's MIG mode.
+type MIGController interface {
+	// CreateMIGSlice creates, on card index, a GPU instance of the named
+	// profile at start slot and a compute instance spanning it, and returns
+	// the new MIG device's UUID. It fails when the card is not in MIG mode,
+	// has no such profile, the profile cannot start there, or the slots are
+	// taken.
+	CreateMIGSlice(index int, profile string, start int) (uuid string, err error)
+	// DestroyMIGSlice destroys the slice of the named profile at start on
+	// card index: its compute instances, then its GPU instance. A slice that
+	// does not exist is not an error, also on a card not in MIG mode or
+	// without that profile.
+	DestroyMIGSlice(index int, profile string, start int) error
+}
+
 // XIDWatcher is a backend that can report XID errors as they happen.
 type XIDWatcher interface {
 	WatchXIDs(ctx context.Context, report func(uuid string, xid uint64)) error
@@ -61,6 +80,8 @@ type XIDWatcher interface {
 // Inventory converts cards into the inventory annotation's content, in the
 // given version: version 1 leaves out the cards' MIG geometry (a card in MIG
 // mode then takes no pods), as schedulers of earlier releases require.
+// In version 2, the geometry of a card whose MIGDynamic is set is a copy
+// marked Dynamic.
 func Inventory(cards []Card, version int) *gpuinfo.Inventory {
 	inv := &gpuinfo.Inventory{Version: version, Cards: []gpuinfo.Card{}}
 	for _, c := range cards {
@@ -69,11 +90,22 @@ func Inventory(cards []Card, version int) *gpuinfo.Inventory {
 			Cores: gpuinfo.FullCores, NUMANode: c.NUMANode, Healthy: c.Healthy, MIGEnabled: c.MIGEnabled,
 		}
 		if version >= gpuinfo.InventoryVersion2 && c.MIGEnabled {
-			card.MIG = c.MIG
+			card.MIG = publishedMIG(c)
 		}
 		inv.Cards = append(inv.Cards, card)
 	}
 	return inv
+}
+
+// publishedMIG is card c's MIG geometry as the inventory publishes it: a
+// copy, dynamic when the card is; nil when c has none.
+func publishedMIG(c Card) *gpuinfo.MIG {
+	if c.MIG == nil {
+		return nil
+	}
+	m := *c.MIG
+	m.Dynamic = c.MIGDynamic
+	return &m
 }
 
 // CardStats is a card's live reading, for metrics.

@@ -3,6 +3,7 @@ package discovery
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -54,9 +55,10 @@ var simulatedMIG = map[string]struct {
 	}},
 }
 
-// simulatedGeometry is the MIG geometry of a simulated card of the given
-// kind with the listed instances, "PROFILE[@START]" each: an instance
-// without a start takes the first free one its profile allows, in order.
+// simulatedGeometry is the MIG geometry of simulated card index of node, a
+// card of the given kind, with the listed instances, "PROFILE[@START]" each:
+// an instance without a start takes the first free one its profile allows,
+// in order.
 func simulatedGeometry(node string, index int, kind string, memoryMiB int64, instances []string) (*gpuinfo.MIG, error) {
 	table, ok := simulatedMIG[kind]
 	if !ok {
@@ -69,36 +71,89 @@ func simulatedGeometry(node string, index int, kind string, memoryMiB int64, ins
 			MemoryMiB: p.memoryMiB, Multiprocessors: p.multiprocessors, Starts: p.starts,
 		})
 	}
-	var taken [gpuinfo.MaxMIGSlots]bool
 	for _, text := range instances {
 		name, startText, explicit := strings.Cut(text, "@")
-		p := m.Profile(name)
-		if p == nil {
-			return nil, fmt.Errorf("MIG instance %q: model %s has no profile %q", text, kind, name)
+		start, err := specStart(m, name, startText, explicit)
+		if err == nil {
+			_, err = addInstance(m, node, index, name, start)
 		}
-		start := -1
-		for _, s := range p.Starts {
-			if explicit && strconv.Itoa(s) != startText {
-				continue
-			}
-			if free(taken[:], s, p.Size) {
-				start = s
-				break
-			}
+		if err != nil {
+			return nil, fmt.Errorf("MIG instance %q on a %s: %w", text, kind, err)
 		}
-		if start < 0 {
-			return nil, fmt.Errorf("MIG instance %q: no free placement for it on a %s", text, kind)
-		}
-		for s := start; s < start+p.Size; s++ {
-			taken[s] = true
-		}
-		m.Instances = append(m.Instances, gpuinfo.MIGInstance{
-			Profile: name, Start: start, UUID: fmt.Sprintf("MIG-sim-%s-%d-%d", node, index, start), Index: len(m.Instances), Healthy: true,
-		})
 	}
 	return m, nil
 }
 
+// specStart is the start of a listed instance of the named profile on m:
+// startText when explicit, else the first start the profile allows whose
+// slots are free.
+func specStart(m *gpuinfo.MIG, name, startText string, explicit bool) (int, error) {
+	if explicit {
+		start, err := strconv.Atoi(startText)
+		if err != nil {
+			return 0, fmt.Errorf("start %q is not a slot number", startText)
+		}
+		return start, nil
+	}
+	p := m.Profile(name)
+	if p == nil {
+		return 0, fmt.Errorf("no profile %q", name)
+	}
+	taken := takenSlots(m)
+	for _, s := range p.Starts {
+		if free(taken[:], s, p.Size) {
+			return s, nil
+		}
+	}
+	return 0, fmt.Errorf("no free placement for profile %s", name)
+}
+
+// addInstance adds to m, the geometry of simulated card index of node, an
+// instance of the named profile at start, with the lowest MIG device index
+// the card does not use, and returns it. It fails when m has no such
+// profile, the profile cannot start there, or another instance takes one of
+// its slots.
+func addInstance(m *gpuinfo.MIG, node string, index int, profile string, start int) (gpuinfo.MIGInstance, error) {
+	p := m.Profile(profile)
+	if p == nil {
+		return gpuinfo.MIGInstance{}, fmt.Errorf("no profile %q", profile)
+	}
+	if !slices.Contains(p.Starts, start) {
+		return gpuinfo.MIGInstance{}, fmt.Errorf("profile %s cannot start at slot %d (its starts: %v)", profile, start, p.Starts)
+	}
+	if taken := takenSlots(m); !free(taken[:], start, p.Size) {
+		return gpuinfo.MIGInstance{}, fmt.Errorf("profile %s at slot %d: slots %d-%d are not all free", profile, start, start, start+p.Size-1)
+	}
+	in := gpuinfo.MIGInstance{
+		Profile: profile, Start: start, UUID: fmt.Sprintf("MIG-sim-%s-%d-%d", node, index, start), Index: freeIndex(m), Healthy: true,
+	}
+	m.Instances = append(m.Instances, in)
+	return in, nil
+}
+
+// takenSlots marks the slots m's instances take.
+func takenSlots(m *gpuinfo.MIG) [gpuinfo.MaxMIGSlots]bool {
+	var taken [gpuinfo.MaxMIGSlots]bool
+	for _, in := range m.Instances {
+		if p := m.Profile(in.Profile); p != nil {
+			for s := in.Start; s < in.Start+p.Size; s++ {
+				taken[s] = true
+			}
+		}
+	}
+	return taken
+}
+
+// freeIndex is the lowest MIG device index no instance of m has.
+func freeIndex(m *gpuinfo.MIG) int {
+	for i := 0; ; i++ {
+		if !slices.ContainsFunc(m.Instances, func(in gpuinfo.MIGInstance) bool { return in.Index == i }) {
+			return i
+		}
+	}
+}
+
+// free reports whether none of the size slots from start is taken.
 func free(taken []bool, start, size int) bool {
 	for s := start; s < start+size; s++ {
 		if taken[s] {

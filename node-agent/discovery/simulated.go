@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
 // knownModels maps the short names accepted by the simulated backend to
@@ -28,18 +30,22 @@ var knownModels = map[string]struct {
 // as "<name>-<N>GB" with N GiB of memory. Cards in MIG mode list their MIG
 // instances after a colon, "+" between them, each "PROFILE[@START]":
 // "1xA100-40GB:mig=3g.20gb+1g.5gb+1g.5gb@6" (an empty list, "mig=", is MIG
-// mode without instances). UUIDs derive from the node name, so they are
-// stable across restarts.
+// mode without instances); "mig-dynamic=" instead of "mig=" makes the cards
+// dynamic (Card.MIGDynamic), their slices created and destroyed through the
+// backend's MIGController methods. UUIDs derive from the node name, so they
+// are stable across restarts.
 type Simulated struct {
-	cards []Card
+	node string
 
+	// mu guards the cards' MIG instances and the usage.
 	mu    sync.Mutex
+	cards []Card
 	usage map[int]SimulatedUsage
 }
 
 // NewSimulated parses spec for the named node.
 func NewSimulated(node, spec string) (*Simulated, error) {
-	s := &Simulated{}
+	s := &Simulated{node: node}
 	for _, part := range strings.Split(spec, ",") {
 		part = strings.TrimSpace(part)
 		countText, kind, ok := strings.Cut(part, "x")
@@ -52,7 +58,7 @@ func NewSimulated(node, spec string) (*Simulated, error) {
 		if err != nil {
 			return nil, fmt.Errorf("simulated GPUs %q: %w", part, err)
 		}
-		instances, err := parseMIGSpec(migSpec, inMIG)
+		instances, dynamic, err := parseMIGSpec(migSpec, inMIG)
 		if err != nil {
 			return nil, fmt.Errorf("simulated GPUs %q: %w", part, err)
 		}
@@ -60,7 +66,7 @@ func NewSimulated(node, spec string) (*Simulated, error) {
 			index := len(s.cards)
 			c := Card{
 				Index: index, Minor: index, UUID: fmt.Sprintf("GPU-sim-%s-%d", node, index), Model: model,
-				MemoryMiB: memoryMiB, NUMANode: -1, Healthy: true, MIGEnabled: inMIG,
+				MemoryMiB: memoryMiB, NUMANode: -1, Healthy: true, MIGEnabled: inMIG, MIGDynamic: dynamic,
 			}
 			if inMIG {
 				if c.MIG, err = simulatedGeometry(node, index, kind, memoryMiB, instances); err != nil {
@@ -73,19 +79,25 @@ func NewSimulated(node, spec string) (*Simulated, error) {
 	return s, nil
 }
 
-// parseMIGSpec reads "mig=PROFILE[@START]+...", what follows a model's colon.
-func parseMIGSpec(spec string, present bool) ([]string, error) {
+// parseMIGSpec reads "mig=PROFILE[@START]+..." or
+// "mig-dynamic=PROFILE[@START]+...", what follows a model's colon: the
+// instances, and whether the cards are dynamic.
+func parseMIGSpec(spec string, present bool) ([]string, bool, error) {
 	if !present {
-		return nil, nil
+		return nil, false, nil
 	}
 	list, ok := strings.CutPrefix(spec, "mig=")
+	dynamic := false
 	if !ok {
-		return nil, fmt.Errorf("%q: want mig=PROFILE[@START]+..., e.g. mig=3g.20gb+1g.5gb", spec)
+		list, dynamic = strings.CutPrefix(spec, "mig-dynamic=")
+	}
+	if !ok && !dynamic {
+		return nil, false, fmt.Errorf("%q: want mig=PROFILE[@START]+... or mig-dynamic=PROFILE[@START]+..., e.g. mig=3g.20gb+1g.5gb", spec)
 	}
 	if list == "" {
-		return nil, nil
+		return nil, dynamic, nil
 	}
-	return strings.Split(list, "+"), nil
+	return strings.Split(list, "+"), dynamic, nil
 }
 
 func parseKind(kind string) (string, int64, error) {
@@ -106,8 +118,63 @@ func parseKind(kind string) (string, int64, error) {
 // Name describes the backend.
 func (s *Simulated) Name() string { return fmt.Sprintf("simulated (%d cards)", len(s.cards)) }
 
-// Cards returns a copy of the simulated cards.
-func (s *Simulated) Cards() ([]Card, error) { return append([]Card(nil), s.cards...), nil }
+// Cards returns a copy of the simulated cards, their MIG geometry included,
+// which later slices created or destroyed do not change.
+func (s *Simulated) Cards() ([]Card, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cards := slices.Clone(s.cards)
+	for i := range cards {
+		if m := cards[i].MIG; m != nil {
+			c := *m
+			c.Instances = slices.Clone(m.Instances)
+			cards[i].MIG = &c
+		}
+	}
+	return cards, nil
+}
+
+// CreateMIGSlice creates on card index an instance of the named profile at
+// start, "MIG-sim-NODE-CARD-START", with the lowest MIG device index the
+// card does not use, and returns its UUID.
+func (s *Simulated) CreateMIGSlice(index int, profile string, start int) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, err := s.migGeometry(index)
+	if err == nil {
+		var in gpuinfo.MIGInstance
+		if in, err = addInstance(m, s.node, index, profile, start); err == nil {
+			return in.UUID, nil
+		}
+	}
+	return "", fmt.Errorf("creating MIG slice %s@%d on card %d: %w", profile, start, index, err)
+}
+
+// DestroyMIGSlice removes card index's instance of the named profile at
+// start, if it has one; it fails only when there is no card index.
+func (s *Simulated) DestroyMIGSlice(index int, profile string, start int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if index < 0 || index >= len(s.cards) {
+		return fmt.Errorf("destroying MIG slice %s@%d on card %d: no card %d", profile, start, index, index)
+	}
+	if m := s.cards[index].MIG; m != nil {
+		m.Instances = slices.DeleteFunc(m.Instances, func(in gpuinfo.MIGInstance) bool { return in.Profile == profile && in.Start == start })
+	}
+	return nil
+}
+
+// migGeometry is the MIG geometry of card index, which must be in MIG mode;
+// s.mu is held.
+func (s *Simulated) migGeometry(index int) (*gpuinfo.MIG, error) {
+	switch {
+	case index < 0 || index >= len(s.cards):
+		return nil, fmt.Errorf("no card %d", index)
+	case s.cards[index].MIG == nil:
+		return nil, fmt.Errorf("card %d is not in MIG mode", index)
+	}
+	return s.cards[index].MIG, nil
+}
 
 // Close does nothing.
 func (s *Simulated) Close() error { return nil }

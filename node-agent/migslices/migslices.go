@@ -67,6 +67,7 @@ type slice struct {
 	start   int
 }
 
+// String names the slice in logs.
 func (s slice) String() string {
 	return fmt.Sprintf("card %d, MIG %s at slot %d", s.card, s.profile, s.start)
 }

@@ -28,15 +28,21 @@ const maxMIGDevices = 7
 // create calls check neither placement nor overlap and which has no MIG
 // devices: creating a GPU instance at a placement its profile's table does
 // not list, or over another instance's slots, is refused
-// (ERROR_INSUFFICIENT_RESOURCES), and each compute instance is a MIG device
-// the card lists by index, with a UUID.
+// (ERROR_INSUFFICIENT_RESOURCES); destroying a GPU instance that holds
+// compute instances is refused (ERROR_IN_USE), as NVML does; and each compute
+// instance is a MIG device the card lists by index, with a UUID, until its
+// compute or GPU instance is destroyed.
 func extendMIG(d *server.Device) {
 	create := d.CreateGpuInstanceWithPlacementFunc
 	d.CreateGpuInstanceWithPlacementFunc = func(info *nvml.GpuInstanceProfileInfo, at *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
 		if !slices.Contains(d.Config.MIGProfiles.GpuInstancePlacements[int(info.Id)], *at) || takenBy(d, *at) {
 			return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 		}
-		return create(info, at)
+		gi, ret := create(info, at)
+		if ret == nvml.SUCCESS {
+			refuseDestroyInUse(gi.(*server.GpuInstance))
+		}
+		return gi, ret
 	}
 	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return maxMIGDevices, nvml.SUCCESS }
 	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
@@ -48,6 +54,21 @@ func extendMIG(d *server.Device) {
 			return nil, nvml.ERROR_NOT_FOUND
 		}
 		return devices[i], nvml.SUCCESS
+	}
+}
+
+// refuseDestroyInUse makes mock GPU instance gi refuse to be destroyed
+// while it holds compute instances.
+func refuseDestroyInUse(gi *server.GpuInstance) {
+	destroy := gi.DestroyFunc
+	gi.DestroyFunc = func() nvml.Return {
+		gi.RLock()
+		inUse := len(gi.ComputeInstances) > 0
+		gi.RUnlock()
+		if inUse {
+			return nvml.ERROR_IN_USE
+		}
+		return destroy()
 	}
 }
 
