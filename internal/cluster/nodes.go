@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -43,16 +42,7 @@ func SimulatedInventory(node string, spec CardSpec, count int) (*gpuinfo.Invento
 		return nil, err
 	}
 	cards, err := backend.Cards()
-	return discovery.Inventory(cards, spec.inventoryVersion()), err
-}
-
-// inventoryVersion is the version a simulated agent publishes for cards of
-// this kind: 2 for cards in MIG mode, whose slices need it, else 1.
-func (spec CardSpec) inventoryVersion() int {
-	if strings.Contains(string(spec), ":mig") {
-		return gpuinfo.InventoryVersion2
-	}
-	return gpuinfo.InventoryVersion1
+	return discovery.Inventory(cards, gpuinfo.InventoryVersion), err
 }
 
 // AddSimulatedNode creates a node and runs the node agent's discovery and
@@ -79,7 +69,6 @@ func (cp *ControlPlane) AddSimulatedNode(ctx context.Context, name string, spec 
 		Publisher:         &publish.Publisher{Client: client, NodeName: name, Namespace: manifests.Namespace, LeaseDuration: 40 * time.Second},
 		RescanInterval:    30 * time.Second,
 		HeartbeatInterval: 10 * time.Second,
-		InventoryVersion:  spec.inventoryVersion(),
 	}
 	return a, a.Once(ctx)
 }

@@ -83,7 +83,7 @@ func TestBaseRenders(t *testing.T) {
 		"MutatingAdmissionPolicy /" + PolicySchedulerName,
 		"MutatingAdmissionPolicyBinding /" + PolicySchedulerName,
 	}
-	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority} {
+	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyAgentPodStatus, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
 	}
 	slices.Sort(got)

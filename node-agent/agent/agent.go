@@ -39,9 +39,9 @@ type Agent struct {
 	// on the Node as an Event.
 	Enforcement Enforcement
 	Publisher   *publish.Publisher
-	// InventoryVersion is the inventory version published: 1 (also when
-	// 0) or 2, which adds the cards' MIG geometry and which schedulers of
-	// earlier releases refuse.
+	// InventoryVersion is the newest inventory version published (0: the
+	// newest this release writes): version 2 only where cards in MIG mode
+	// need it, 1 elsewhere (discovery.Inventory).
 	InventoryVersion int
 	// DynamicMIG, when set, reports the cards in MIG mode whose slices
 	// Tessera makes as pods need them (--dynamic-mig-cards); the simulated
@@ -177,6 +177,14 @@ func (a *Agent) Once(ctx context.Context) error {
 	return a.Publisher.Heartbeat(ctx)
 }
 
+// newestInventory is the newest inventory version the agent publishes.
+func (a *Agent) newestInventory() int {
+	if a.InventoryVersion == 0 {
+		return gpuinfo.InventoryVersion
+	}
+	return a.InventoryVersion
+}
+
 // cutSlices marks the dynamic cards and, with Slices, makes and unmakes
 // their slices as the node's pods need, returning the cards as they are
 // then.
@@ -239,7 +247,7 @@ func (a *Agent) scan(ctx context.Context) error {
 	if a.Metrics != nil {
 		a.Metrics.Update(cards)
 	}
-	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards, max(a.InventoryVersion, gpuinfo.InventoryVersion1)))
+	changed, err := a.Publisher.PublishInventory(ctx, discovery.Inventory(cards, a.newestInventory()))
 	if err != nil {
 		return errors.Join(scanErr, err)
 	}

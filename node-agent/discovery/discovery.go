@@ -78,19 +78,21 @@ type XIDWatcher interface {
 }
 
 // Inventory converts cards into the inventory annotation's content, in the
-// given version: version 1 leaves out the cards' MIG geometry (a card in MIG
-// mode then takes no pods), as schedulers of earlier releases require.
-// In version 2, the geometry of a card whose MIGDynamic is set is a copy
+// oldest version that describes them, newest at most: version 2 where a card
+// in MIG mode has its geometry (its slices take pods), else version 1, which
+// schedulers of every release read. With newest 1 the geometry is left out:
+// cards in MIG mode then take no pods. A dynamic card's geometry is a copy
 // marked Dynamic.
-func Inventory(cards []Card, version int) *gpuinfo.Inventory {
-	inv := &gpuinfo.Inventory{Version: version, Cards: []gpuinfo.Card{}}
+func Inventory(cards []Card, newest int) *gpuinfo.Inventory {
+	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion1, Cards: []gpuinfo.Card{}}
 	for _, c := range cards {
 		card := gpuinfo.Card{
 			Index: c.Index, UUID: c.UUID, Model: c.Model, MemoryMiB: c.MemoryMiB,
 			Cores: gpuinfo.FullCores, NUMANode: c.NUMANode, Healthy: c.Healthy, MIGEnabled: c.MIGEnabled,
 		}
-		if version >= gpuinfo.InventoryVersion2 && c.MIGEnabled {
+		if newest >= gpuinfo.InventoryVersion2 && c.MIGEnabled && c.MIG != nil {
 			card.MIG = publishedMIG(c)
+			inv.Version = gpuinfo.InventoryVersion2
 		}
 		inv.Cards = append(inv.Cards, card)
 	}

@@ -81,7 +81,7 @@ func main() {
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
 	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
 	dynamicMIG := flag.String("dynamic-mig-cards", "", "cards in MIG mode whose slices Tessera creates and destroys as the pods placed there need them: all, or comma-separated card indices; empty (the default) leaves every card's slices as the operator made them. Never name a card NVIDIA's MIG manager or DRA driver also manages (docs/mig.md)")
-	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion1, "the inventory version published on the node: 1, which every Tessera scheduler reads, or 2, which adds the cards' MIG slices and which schedulers before this release refuse (set it once the scheduler is upgraded: docs/install.md)")
+	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion, "the newest inventory version published: 2 publishes version 2 on nodes with cards in MIG mode, whose slices need it, and version 1 elsewhere; 1 keeps every node readable by schedulers before release 0.2 (cards in MIG mode then take no pods). Upgrade the scheduler first (docs/install.md)")
 	printVersion := flag.Bool("version", false, "print Tessera's version and exit")
 	flag.Parse()
 	if *printVersion {
