@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/dra"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
+	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -70,7 +73,27 @@ func (cp *ControlPlane) AddSimulatedNode(ctx context.Context, name string, spec 
 		RescanInterval:    30 * time.Second,
 		HeartbeatInterval: 10 * time.Second,
 	}
+	if err := serveSlices(ctx, a, backend, client, name); err != nil {
+		return nil, err
+	}
 	return a, a.Once(ctx)
+}
+
+// serveSlices makes the agent cut the node's dynamic cards, if it has any,
+// as the node agent's --dynamic-mig-cards does, watching the node's pods as
+// the agent's identity.
+func serveSlices(ctx context.Context, a *agent.Agent, backend *discovery.Simulated, client kubernetes.Interface, node string) error {
+	cards, err := backend.Cards()
+	if err != nil || !slices.ContainsFunc(cards, func(c discovery.Card) bool { return c.MIGDynamic }) {
+		return err
+	}
+	m := a.ServeSlices(ctx, backend)
+	pods, err := nri.PodsOnNode(ctx, client, node, m.Wake)
+	if err != nil {
+		return err
+	}
+	m.SetPods(func() ([]*v1.Pod, error) { return pods.List(labels.Everything()) })
+	return nil
 }
 
 // AddDRANode creates a node whose agent serves its cards through the DRA

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
@@ -175,6 +176,22 @@ func (a *Agent) Once(ctx context.Context) error {
 		return err
 	}
 	return a.Publisher.Heartbeat(ctx)
+}
+
+// ServeSlices makes the agent cut its dynamic cards with controller: a pod
+// whose slice cannot be made is marked Failed, with an Event saying why. The
+// manager returned still needs the node's pods (migslices.Manager.SetPods).
+func (a *Agent) ServeSlices(ctx context.Context, controller discovery.MIGController) *migslices.Manager {
+	a.Slices = migslices.New(controller, func(pod *v1.Pod, why string) {
+		go func() {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := a.Publisher.FailPod(ctx, pod, why); err != nil {
+				klog.FromContext(ctx).Error(err, "Failing the pod whose MIG slice could not be made failed", "pod", klog.KObj(pod))
+			}
+		}()
+	})
+	return a.Slices
 }
 
 // newestInventory is the newest inventory version the agent publishes.

@@ -36,7 +36,6 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/health"
 	"github.com/tessera-gpu/tessera/node-agent/metrics"
-	"github.com/tessera-gpu/tessera/node-agent/migslices"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/overuse"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
@@ -210,15 +209,7 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		if !ok {
 			return fmt.Errorf("--dynamic-mig-cards: the %s backend cannot create MIG slices", backend.Name())
 		}
-		a.Slices = migslices.New(controller, func(pod *v1.Pod, why string) {
-			go func() {
-				ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				defer cancel()
-				if err := a.Publisher.FailPod(ctx, pod, why); err != nil {
-					klog.ErrorS(err, "Failing the pod whose MIG slice could not be made failed", "pod", klog.KObj(pod))
-				}
-			}()
-		})
+		a.ServeSlices(ctx, controller)
 	}
 	if svc.driver != nil {
 		a.Devices = append(a.Devices, svc.driver)
