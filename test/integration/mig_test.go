@@ -1,13 +1,22 @@
 package integration
 
 import (
+	"fmt"
+	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/manifests"
+	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -69,4 +78,129 @@ func TestMIGStaticSlices(t *testing.T) {
 		t.Errorf("pending message %q does not say that no free slice holds 30000 MiB", msg)
 	}
 	e.checkNoOvercommit(t)
+}
+
+// migInstances reads the node's published slices, "CARD:PROFILE@START" each.
+func (e *env) migInstances(node string) ([]string, error) {
+	n, err := e.client.CoreV1().Nodes().Get(e.tCtx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	inv, err := gpuinfo.DecodeInventory(n.Annotations[gpuinfo.InventoryAnnotation])
+	if err != nil {
+		return nil, err
+	}
+	var got []string
+	for _, c := range inv.Cards {
+		if c.MIG == nil {
+			continue
+		}
+		for _, in := range c.MIG.Instances {
+			got = append(got, fmt.Sprintf("%d:%s@%d", c.Index, in.Profile, in.Start))
+		}
+	}
+	sort.Strings(got)
+	return got, nil
+}
+
+// waitSlices waits until the node publishes exactly the slices want.
+func (e *env) waitSlices(node string, want ...string) {
+	e.tCtx.Helper()
+	sort.Strings(want)
+	var got []string
+	e.waitFor(30*time.Second, fmt.Sprintf("node %s to publish slices %v", node, want), func() (bool, error) {
+		var err error
+		got, err = e.migInstances(node)
+		return cmp.Equal(want, got, cmpopts.EquateEmpty()), err
+	})
+}
+
+// TestMIGDynamicSlices: on a dynamic card the real scheduler chooses each
+// slice's profile and placement, keeping the largest profiles possible (a
+// 1g.5gb at slot 6, so that a 4g.20gb still fits at 0), and the node's
+// agent, watching its pods as its own identity, creates each slice when its
+// pod appears and destroys it when the pod is gone; the inventory follows.
+func TestMIGDynamicSlices(t *testing.T) {
+	e := newEnv(t)
+	dyn := e.node("dyn", "A100-40GB:mig-dynamic=", 1, nil)
+	e.startScheduler()
+	slicePod := func(name string, annotations map[string]string, memoryMiB int64) {
+		pod := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": memoryMiB})
+		pod.Annotations = annotations
+		e.create(pod)
+	}
+	slicePod("small", map[string]string{gpuinfo.IsolationAnnotation: "mig"}, 4000)
+	small := assignment(t, e.waitBound(30*time.Second, "small")["small"]).Containers["main"][0]
+	if small.MIG == nil || small.MIG.Profile != "1g.5gb" || small.MIG.Start != 6 || small.MIG.UUID != "" {
+		t.Fatalf("small got %+v, want a 1g.5gb slice to create at slot 6", small.MIG)
+	}
+	e.waitSlices(dyn, "0:1g.5gb@6")
+	slicePod("large", map[string]string{gpuinfo.IsolationAnnotation: "mig", gpuinfo.MIGProfileAnnotation: "4g.20gb"}, 16000)
+	large := assignment(t, e.waitBound(30*time.Second, "large")["large"]).Containers["main"][0]
+	if large.MIG == nil || large.MIG.Profile != "4g.20gb" || large.MIG.Start != 0 {
+		t.Fatalf("large got %+v, want 4g.20gb at slot 0 (first-fit would have blocked it)", large.MIG)
+	}
+	e.waitSlices(dyn, "0:1g.5gb@6", "0:4g.20gb@0")
+	e.checkNoOvercommit(t)
+	e.deletePod("small")
+	e.waitSlices(dyn, "0:4g.20gb@0")
+}
+
+// TestAgentMayFailOnlyItsOwnPods: the agent's identity may mark Failed, with
+// the MIG slice reason, a running pod bound to its own node, and nothing
+// else: not a pod of another node, not with another reason, not changing the
+// pod's annotations through its status.
+func TestAgentMayFailOnlyItsOwnPods(t *testing.T) {
+	e := newEnv(t)
+	mine, theirs := e.plainNode("mine"), e.plainNode("theirs")
+	bound := func(name, node string) *v1.Pod {
+		pod := e.podSpec(name, "default-scheduler", nil)
+		pod.Spec.NodeName = node
+		return e.create(pod)
+	}
+	own, other, annotated, reasoned := bound("own", mine), bound("other", theirs), bound("annotated", mine), bound("reasoned", mine)
+	agent := e.agentClient(mine)
+	publisher := &publish.Publisher{Client: agent, NodeName: mine, Namespace: manifests.Namespace}
+	statusPatch := func(pod *v1.Pod, patch string) error {
+		_, err := agent.CoreV1().Pods(pod.Namespace).Patch(e.tCtx, pod.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+		return err
+	}
+	// The policy is loaded asynchronously: wait until it refuses the
+	// other node's pod.
+	e.waitFor(30*time.Second, "the policy tessera-agent-pod-status to refuse another node's pod", func() (bool, error) {
+		err := publisher.FailPod(e.tCtx, other, "probe")
+		return install.DeniedBy(err, install.PolicyAgentPodStatus), nil
+	})
+	// A pod of the other node that was never touched before.
+	fresh := bound("other-fresh", theirs)
+	for _, tc := range []struct {
+		name string
+		try  func() error
+	}{
+		{"a pod of another node", func() error { return publisher.FailPod(e.tCtx, fresh, "probe") }},
+		{"another reason", func() error {
+			return statusPatch(reasoned, `{"status":{"phase":"Failed","reason":"Evicted"}}`)
+		}},
+		{"an annotation changed through the status", func() error {
+			return statusPatch(annotated, `{"metadata":{"annotations":{"tessera.io/gpu-model":"H100"}},"status":{"phase":"Failed","reason":"GPUMIGSliceUnavailable"}}`)
+		}},
+	} {
+		if err := tc.try(); !install.DeniedBy(err, install.PolicyAgentPodStatus) {
+			t.Errorf("%s: %v, want a refusal by %s", tc.name, err, install.PolicyAgentPodStatus)
+		}
+	}
+	if err := publisher.FailPod(e.tCtx, own, "creating its MIG slice failed"); err != nil {
+		t.Fatalf("failing its own node's pod: %v", err)
+	}
+	got, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, own.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Phase != v1.PodFailed || got.Status.Reason != publish.ReasonMIGSliceUnavailable || !strings.Contains(got.Status.Message, "creating its MIG slice failed") {
+		t.Errorf("pod status %+v, want Failed with the MIG slice reason", got.Status)
+	}
+	// Once finished, it stays finished.
+	if err := publisher.FailPod(e.tCtx, got, "again"); !install.DeniedBy(err, install.PolicyAgentPodStatus) {
+		t.Errorf("failing a finished pod again: %v, want a refusal", err)
+	}
 }
