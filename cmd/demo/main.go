@@ -48,12 +48,15 @@ var fleet = []struct {
 	name  string
 	spec  cluster.CardSpec
 	cards int
+	// about describes the cards where spec alone would not.
+	about string
 }{
-	{"a100-node", cluster.A100, 8},
-	{"h100-node", cluster.H100, 8},
-	{"t4-node", cluster.T4, 4},
-	{"l4-node", cluster.L4, 2},
-	{"a100-mig-node", "A100-40GB:mig=3g.20gb+2g.10gb+1g.5gb", 1},
+	{"a100-node", cluster.A100, 8, ""},
+	{"h100-node", cluster.H100, 8, ""},
+	{"t4-node", cluster.T4, 4, ""},
+	{"l4-node", cluster.L4, 2, ""},
+	{"a100-mig-node", "A100-40GB:mig=3g.20gb+2g.10gb+1g.5gb,1xA100-40GB:mig-dynamic=", 1,
+		"2 x A100-40GB in MIG mode: card 0 cut by its operator (3g.20gb, 2g.10gb, 1g.5gb), card 1 dynamic (--dynamic-mig-cards=1)"},
 }
 
 // draNode is the demo's node whose cards are DRA devices.
@@ -97,7 +100,11 @@ func run(ctx context.Context, o options, out io.Writer) error {
 			return err
 		}
 		go a.Run(agents) // keeps the heartbeat Lease fresh while the demo runs
-		fmt.Fprintf(out, "Node %s: %d x %s (simulated by the node agent)\n", n.name, n.cards, n.spec)
+		about := fmt.Sprintf("%d x %s", n.cards, n.spec)
+		if n.about != "" {
+			about = n.about
+		}
+		fmt.Fprintf(out, "Node %s: %s (simulated by the node agent)\n", n.name, about)
 	}
 	draAgent, _, err := cp.AddDRANode(agents, draNode, cluster.L4, 2, filepath.Join(o.workDir, "dra"))
 	if err != nil {

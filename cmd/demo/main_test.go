@@ -31,6 +31,8 @@ func TestDemoOnce(t *testing.T) {
 		// memory shares inside the 1g.5gb slice.
 		regexp.MustCompile(`(?m)^a100-mig-node\s+0/2g\.10gb@4\s+.*9856/9856 .*mig-inference$`),
 		regexp.MustCompile(`(?m)^a100-mig-node\s+0/1g\.5gb@6\s+.*4000/4864 .*mig-notebook-a, mig-notebook-b$`),
+		// dynamic MIG: the 4g.20gb slice made on card 1 for its pod.
+		regexp.MustCompile(`(?m)^a100-mig-node\s+1/4g\.20gb@0\s+.*19968/19968 .*mig-trainer$`),
 		// a pod without GPUs goes to the node without GPUs.
 		regexp.MustCompile(`(?m)^Without GPUs:\n  default/web on cpu-node\n`),
 		// priority: the critical pod preempted one batch job and took its L4.
