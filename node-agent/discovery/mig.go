@@ -124,8 +124,10 @@ func addInstance(m *gpuinfo.MIG, node string, index int, profile string, start i
 	if taken := takenSlots(m); !free(taken[:], start, p.Size) {
 		return gpuinfo.MIGInstance{}, fmt.Errorf("profile %s at slot %d: slots %d-%d are not all free", profile, start, start, start+p.Size-1)
 	}
+	device := freeIndex(m)
 	in := gpuinfo.MIGInstance{
-		Profile: profile, Start: start, UUID: fmt.Sprintf("MIG-sim-%s-%d-%d", node, index, start), Index: freeIndex(m), Healthy: true,
+		Profile: profile, Start: start, UUID: fmt.Sprintf("MIG-sim-%s-%d-%d", node, index, start), Index: device,
+		GPUInstance: device + 1, Healthy: true,
 	}
 	m.Instances = append(m.Instances, in)
 	return in, nil

@@ -13,9 +13,10 @@ import (
 
 var _ MIGController = (*Simulated)(nil)
 
-// simSlice is a simulated MIG instance of node "n", card 0.
+// simSlice is a simulated MIG instance of node "n", card 0; the simulated
+// backend numbers GPU instances from 1 by MIG device index.
 func simSlice(profile string, start, index int) gpuinfo.MIGInstance {
-	return gpuinfo.MIGInstance{Profile: profile, Start: start, UUID: fmt.Sprintf("MIG-sim-n-0-%d", start), Index: index, Healthy: true}
+	return gpuinfo.MIGInstance{Profile: profile, Start: start, UUID: fmt.Sprintf("MIG-sim-n-0-%d", start), Index: index, GPUInstance: index + 1, Healthy: true}
 }
 
 // TestSimulatedMIGSpec: "mig=" and "mig-dynamic=" put the cards in MIG mode

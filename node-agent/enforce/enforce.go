@@ -266,6 +266,9 @@ type Node struct {
 	Cards []discovery.Card
 	// Claims reads the ResourceClaims a container uses.
 	Claims ClaimGetter
+	// MIGCaps reads the node's MIG capability devices (ReadMIGCaps); nil
+	// allows none.
+	MIGCaps func() (MIGCaps, error)
 }
 
 // migIndices are the MIG device indices of the entries' slices (0 for

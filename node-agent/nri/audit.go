@@ -186,7 +186,7 @@ func (p *Plugin) differs(pod *v1.Pod, sb *api.PodSandbox, ctr *api.Container, no
 			return "it runs without the interception library (" + m.Destination + ")"
 		}
 	}
-	if err := enforce.CheckDevices(deviceNodes(ctr), want.Holdings, node.Cards); err != nil {
+	if err := enforce.CheckDevices(deviceNodes(ctr), want.Holdings, node); err != nil {
 		return err.Error()
 	}
 	return ""
@@ -211,7 +211,7 @@ func seesGPU(ctr *api.Container) bool {
 	if visible != "" && visible != "void" && visible != "none" {
 		return true
 	}
-	return enforce.CheckDevices(deviceNodes(ctr), nil, nil) != nil
+	return enforce.CheckDevices(deviceNodes(ctr), nil, enforce.Node{}) != nil
 }
 
 // stopContainer kills the container's init process, and with it the

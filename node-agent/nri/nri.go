@@ -58,6 +58,9 @@ type Plugin struct {
 	Node string
 	// Enforce decides each container's changes.
 	Enforce enforce.Config
+	// MIGCaps reads the node's MIG capability devices; nil: the driver's
+	// lists in /proc (enforce.ReadMIGCaps).
+	MIGCaps func() (enforce.MIGCaps, error)
 	// Unrestricted are the service accounts ("namespace:name") whose pods'
 	// containers are left as they are: the agent's own and monitoring that
 	// must see every card (the GPU Operator's DCGM exporter). A pod is
@@ -139,6 +142,10 @@ func (p *Plugin) node(ctx context.Context) enforce.Node {
 	}
 	if cards := p.cards.Load(); cards != nil {
 		n.Cards = *cards
+	}
+	n.MIGCaps = p.MIGCaps
+	if n.MIGCaps == nil {
+		n.MIGCaps = func() (enforce.MIGCaps, error) { return enforce.ReadMIGCaps(enforce.MIGMinorsPath, enforce.DevicesPath) }
 	}
 	return n
 }
@@ -333,7 +340,7 @@ func (p *Plugin) adjust(ctx context.Context, pod *v1.Pod, sandbox *api.PodSandbo
 	}
 	err = adj.CheckEnv(ctr.Env)
 	if err == nil {
-		err = enforce.CheckDevices(deviceNodes(ctr), adj.Holdings, node.Cards)
+		err = enforce.CheckDevices(deviceNodes(ctr), adj.Holdings, node)
 	}
 	if err == nil {
 		err = p.live.admit(ctr.Id, ownerOf(pod, ctr), adj.Holdings, node.Cards)

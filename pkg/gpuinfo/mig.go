@@ -14,6 +14,8 @@ const (
 	maxMIGProfiles = 32
 	// maxMIGProfileName bounds a profile's name, e.g. "1g.10gb+me".
 	maxMIGProfileName = 32
+	// maxInstanceID bounds NVML's GPU and compute instance IDs.
+	maxInstanceID = 255
 )
 
 // MIG is a card's MIG geometry, as the node agent reads it through NVML: the
@@ -63,6 +65,11 @@ type MIGInstance struct {
 	// Index is the MIG device's index under its card (nvidia-smi's "MIG
 	// dev"), by which the NVIDIA toolkit's CDI spec names it "CARD:INDEX".
 	Index int `json:"index"`
+	// GPUInstance and ComputeInstance are NVML's IDs of the slice's GPU
+	// instance and compute instance, which name its capability device
+	// nodes (/dev/nvidia-caps).
+	GPUInstance     int `json:"gpuInstance"`
+	ComputeInstance int `json:"computeInstance"`
 	// Healthy is false while the instance must not get new work.
 	Healthy bool `json:"healthy"`
 }
@@ -136,6 +143,10 @@ func (m *MIG) validate(path string, cardMemoryMiB int64, uuids map[string]bool) 
 			return fmt.Errorf("%s: %d is outside 0-%d", field("index"), in.Index, m.Slots-1)
 		case indices[in.Index]:
 			return fmt.Errorf("%s: %d appears twice on the card", field("index"), in.Index)
+		case in.GPUInstance < 0 || in.GPUInstance > maxInstanceID:
+			return fmt.Errorf("%s: %d is outside 0-%d", field("gpuInstance"), in.GPUInstance, maxInstanceID)
+		case in.ComputeInstance < 0 || in.ComputeInstance > maxInstanceID:
+			return fmt.Errorf("%s: %d is outside 0-%d", field("computeInstance"), in.ComputeInstance, maxInstanceID)
 		}
 		indices[in.Index] = true
 		for s := in.Start; s < in.Start+p.Size; s++ {

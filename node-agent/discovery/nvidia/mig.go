@@ -154,6 +154,8 @@ func readMIGProfile(dev nvml.Device, id int, cardMemoryMiB int64) (migProfile, b
 type migDevice struct {
 	uuid  string
 	index int
+	// computeInstance is its compute instance's ID.
+	computeInstance int
 }
 
 // migDevices maps the ID of each GPU instance of dev that holds a MIG device
@@ -178,7 +180,11 @@ func migDevices(dev nvml.Device) (map[int]migDevice, error) {
 		if _, seen := devices[gi]; ret != nvml.SUCCESS || uuid == "" || seen {
 			continue
 		}
-		devices[gi] = migDevice{uuid: uuid, index: i}
+		ci, ret := mig.GetComputeInstanceId()
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		devices[gi] = migDevice{uuid: uuid, index: i, computeInstance: ci}
 	}
 	return devices, nil
 }
@@ -199,7 +205,8 @@ func readMIGInstances(dev nvml.Device, p migProfile, devices map[int]migDevice, 
 		}
 		if mig, ok := devices[int(info.Id)]; ok {
 			instances = append(instances, gpuinfo.MIGInstance{
-				Profile: p.profile.Name, Start: int(info.Placement.Start), UUID: mig.uuid, Index: mig.index, Healthy: healthy,
+				Profile: p.profile.Name, Start: int(info.Placement.Start), UUID: mig.uuid, Index: mig.index,
+				GPUInstance: int(info.Id), ComputeInstance: mig.computeInstance, Healthy: healthy,
 			})
 		}
 	}

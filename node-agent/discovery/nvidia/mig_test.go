@@ -139,6 +139,21 @@ func mockMIGIndex(t *testing.T, d *server.Device, uuid string) int {
 	return -1
 }
 
+// mockSlice is the instance discovery should report for the mock's MIG
+// device uuid, of profile at start: its index, GPU and compute instance IDs
+// as the mock's handles give them.
+func mockSlice(t *testing.T, d *server.Device, profile string, start int, uuid string) gpuinfo.MIGInstance {
+	t.Helper()
+	index := mockMIGIndex(t, d, uuid)
+	mig, _ := d.GetMigDeviceHandleByIndex(index)
+	gi, ret := mig.GetGpuInstanceId()
+	ci, ret2 := mig.GetComputeInstanceId()
+	if ret != nvml.SUCCESS || ret2 != nvml.SUCCESS {
+		t.Fatalf("mock MIG device %s: no instance IDs (%v, %v)", uuid, ret, ret2)
+	}
+	return gpuinfo.MIGInstance{Profile: profile, Start: start, UUID: uuid, Index: index, GPUInstance: gi, ComputeInstance: ci, Healthy: true}
+}
+
 // mockCard returns card i of s, extended and in MIG mode.
 func mockCard(t *testing.T, s *server.Server, i int) *server.Device {
 	t.Helper()
@@ -298,9 +313,7 @@ func TestMIGDiscovery(t *testing.T) {
 					uuids[j] = createMIGDevice(t, d, in.profile, in.start)
 				}
 				for j, in := range instances {
-					want[i].Instances = append(want[i].Instances, gpuinfo.MIGInstance{
-						Profile: model.names[in.profile], Start: in.start, UUID: uuids[j], Index: mockMIGIndex(t, d, uuids[j]), Healthy: true,
-					})
+					want[i].Instances = append(want[i].Instances, mockSlice(t, d, model.names[in.profile], in.start, uuids[j]))
 				}
 				slices.SortFunc(want[i].Instances, func(a, b gpuinfo.MIGInstance) int { return cmp.Compare(a.Start, b.Start) })
 			}
@@ -338,7 +351,7 @@ func TestMIGEveryPlacement(t *testing.T) {
 					if cards[0].MIG == nil {
 						t.Fatal("no MIG geometry")
 					}
-					want := []gpuinfo.MIGInstance{{Profile: model.names[id], Start: int(at.Start), UUID: uuid, Index: mockMIGIndex(t, d, uuid), Healthy: true}}
+					want := []gpuinfo.MIGInstance{mockSlice(t, d, model.names[id], int(at.Start), uuid)}
 					if diff := gocmp.Diff(want, cards[0].MIG.Instances); diff != "" {
 						t.Errorf("instances (-want,+got):\n%s", diff)
 					}
@@ -407,7 +420,7 @@ func TestMIGInstanceWithoutComputeInstance(t *testing.T) {
 	createGPUInstance(t, d, nvml.GPU_INSTANCE_PROFILE_1_SLICE, 0)
 	createGPUInstance(t, d, nvml.GPU_INSTANCE_PROFILE_3_SLICE, 4)
 	cards, _ := scan(t, s)
-	want := []gpuinfo.MIGInstance{{Profile: "2g.10gb", Start: 2, UUID: uuid, Index: mockMIGIndex(t, d, uuid), Healthy: true}}
+	want := []gpuinfo.MIGInstance{mockSlice(t, d, "2g.10gb", 2, uuid)}
 	if diff := gocmp.Diff(want, cards[0].MIG.Instances); diff != "" {
 		t.Errorf("instances (-want,+got):\n%s", diff)
 	}
@@ -429,8 +442,8 @@ func TestMIGDeviceIndex(t *testing.T) {
 	}
 	cards, _ := scan(t, s)
 	want := []gpuinfo.MIGInstance{
-		{Profile: "1g.5gb", Start: 0, UUID: second, Index: 2, Healthy: true},
-		{Profile: "3g.20gb", Start: 4, UUID: first, Index: 1, Healthy: true},
+		{Profile: "1g.5gb", Start: 0, UUID: second, Index: 2, GPUInstance: 1, Healthy: true},
+		{Profile: "3g.20gb", Start: 4, UUID: first, Index: 1, GPUInstance: 0, Healthy: true},
 	}
 	if diff := gocmp.Diff(want, cards[0].MIG.Instances); diff != "" {
 		t.Errorf("instances (-want,+got):\n%s", diff)
@@ -600,7 +613,7 @@ func TestMIGGeometryReadAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []gpuinfo.MIGInstance{{Profile: "3g.20gb", Start: 0, UUID: uuid, Index: mockMIGIndex(t, d, uuid), Healthy: true}}
+	want := []gpuinfo.MIGInstance{mockSlice(t, d, "3g.20gb", 0, uuid)}
 	if cards[0].MIG == nil {
 		t.Fatal("no geometry once NVML gives it again")
 	}

@@ -113,7 +113,7 @@ func TestMIGSlices(t *testing.T) {
 			want := []gpuinfo.MIGInstance{}
 			for _, w := range tc.want {
 				uuid := uuids[w]
-				want = append(want, gpuinfo.MIGInstance{Profile: w.profile, Start: w.start, UUID: uuid, Index: mockMIGIndex(t, d, uuid), Healthy: true})
+				want = append(want, mockSlice(t, d, w.profile, w.start, uuid))
 			}
 			if diff := gocmp.Diff(want, discoveredSlices(t, n, tc.card), cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("instances discovered (-want,+got):\n%s", diff)
