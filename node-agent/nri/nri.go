@@ -145,7 +145,9 @@ func (p *Plugin) node(ctx context.Context) enforce.Node {
 	}
 	n.MIGCaps = p.MIGCaps
 	if n.MIGCaps == nil {
-		n.MIGCaps = func() (enforce.MIGCaps, error) { return enforce.ReadMIGCaps(enforce.MIGMinorsPath, enforce.DevicesPath) }
+		n.MIGCaps = func() (enforce.MIGCaps, error) {
+			return enforce.ReadMIGCaps(enforce.MIGMinorsPath, enforce.DevicesPath)
+		}
 	}
 	return n
 }

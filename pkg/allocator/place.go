@@ -40,7 +40,7 @@ type scratch struct {
 	// slices that exist or are held; held those of the slices held
 	// (occupy).
 	occupied, held [gpuinfo.MaxCardsPerNode]uint32
-	frag     fragment
+	frag           fragment
 	// fragBefore is the node's fragmentation before the placement.
 	fragBefore float64
 }
