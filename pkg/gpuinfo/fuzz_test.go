@@ -18,6 +18,7 @@ func FuzzDecodeInventory(f *testing.F) {
 	f.Add(testutil.MustEncode(testutil.Inventory("n", "NVIDIA A100-SXM4-80GB", 81920, 8)))
 	f.Add(`{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":-1,"cores":100}]}`)
 	f.Add(`{"version":1,"cards":null}`)
+	f.Add(testutil.MustEncode(testutil.MIGInventory("m", []string{"1g.5gb@0", "3g.20gb@4"}, nil)))
 	f.Add(`null`)
 	f.Fuzz(func(t *testing.T, raw string) {
 		checkRoundTrip(t, raw, gpuinfo.DecodeInventory, (*gpuinfo.Inventory).Encode)
@@ -49,6 +50,7 @@ func FuzzDecodeAssignment(f *testing.F) {
 	f.Add(`{"version":1,"containers":{"main":[{"index":0,"uuid":"GPU-0","memoryMiB":4096,"cores":30}]}}`)
 	f.Add(`{"version":1,"containers":{"":[{"index":0,"uuid":"a","memoryMiB":1}]}}`)
 	f.Add(`{"version":1,"containers":{"c":[{"index":70,"uuid":"a","memoryMiB":1}]}}`)
+	f.Add(`{"version":2,"containers":{"c":[{"index":0,"uuid":"GPU-0","memoryMiB":4864,"cores":100,"mig":{"profile":"1g.5gb","start":6}}]}}`)
 	f.Fuzz(func(t *testing.T, raw string) {
 		checkRoundTrip(t, raw, gpuinfo.DecodeAssignment, (*gpuinfo.Assignment).Encode)
 	})
