@@ -41,6 +41,13 @@ func migPod(isolation string, limits map[v1.ResourceName]string, assignment stri
 func TestForMIGSlices(t *testing.T) {
 	cfg := DefaultConfig()
 	own := `{"version":2,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":9856,"cores":100,"mig":{"profile":"1g.10gb","start":0,"uuid":"MIG-b"}}]}}`
+	// shareEnv is the environment of a 5000 MiB share in slice MIG-a.
+	shareEnv := []EnvVar{
+		{"NVIDIA_VISIBLE_DEVICES", "MIG-a"},
+		{"CUDA_DEVICE_MEMORY_LIMIT_0", "5000m"}, {"CUDA_DEVICE_SM_LIMIT_0", "0"},
+		{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
+		{"CUDA_TASK_PRIORITY", "1"}, {"TESSERA_CLAIM", ""},
+	}
 	shared := `{"version":2,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":5000,"cores":0,"mig":{"profile":"3g.40gb","start":4,"uuid":"MIG-a"}}]}}`
 	tests := []struct {
 		name    string
@@ -64,25 +71,15 @@ func TestForMIGSlices(t *testing.T) {
 			wantCDI: []string{"nvidia.com/gpu=MIG-b"},
 		},
 		{
-			name: "a share inside a slice: a memory limit, compute unlimited",
-			pod:  migPod("mig-shared", map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}, shared),
-			wantEnv: []EnvVar{
-				{"NVIDIA_VISIBLE_DEVICES", "MIG-a"},
-				{"CUDA_DEVICE_MEMORY_LIMIT_0", "5000m"}, {"CUDA_DEVICE_SM_LIMIT_0", "0"},
-				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
-				{"CUDA_TASK_PRIORITY", "1"}, {"TESSERA_CLAIM", ""},
-			},
+			name:    "a share inside a slice: a memory limit, compute unlimited",
+			pod:     migPod("mig-shared", map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}, shared),
+			wantEnv: shareEnv,
 			wantCDI: []string{"nvidia.com/gpu=1:0"},
 		},
 		{
-			name: "its owner switching the pod to a slice of its own after placement changes nothing",
-			pod:  migPod("mig", map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}, shared),
-			wantEnv: []EnvVar{
-				{"NVIDIA_VISIBLE_DEVICES", "MIG-a"},
-				{"CUDA_DEVICE_MEMORY_LIMIT_0", "5000m"}, {"CUDA_DEVICE_SM_LIMIT_0", "0"},
-				{"CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/cache/ctr-1.cache"},
-				{"CUDA_TASK_PRIORITY", "1"}, {"TESSERA_CLAIM", ""},
-			},
+			name:    "its owner switching the pod to a slice of its own after placement changes nothing",
+			pod:     migPod("mig", map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}, shared),
+			wantEnv: shareEnv,
 			wantCDI: []string{"nvidia.com/gpu=1:0"},
 		},
 		{

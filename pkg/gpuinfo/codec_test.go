@@ -11,18 +11,20 @@ import (
 )
 
 func TestInventoryRoundTrip(t *testing.T) {
-	inv := testutil.Inventory("n1", "NVIDIA A100-SXM4-80GB", 81920, 8)
-	inv.Cards[3].Healthy = false
-	raw, err := inv.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := gpuinfo.DecodeInventory(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(inv, got); diff != "" {
-		t.Errorf("round trip (-want,+got):\n%s", diff)
+	whole := testutil.Inventory("n1", "NVIDIA A100-SXM4-80GB", 81920, 8)
+	whole.Cards[3].Healthy = false
+	for name, inv := range map[string]*gpuinfo.Inventory{"version 1": whole, "version 2, MIG": migInventory()} {
+		raw, err := inv.Encode()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got, err := gpuinfo.DecodeInventory(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if diff := cmp.Diff(inv, got); diff != "" {
+			t.Errorf("%s: round trip (-want,+got):\n%s", name, diff)
+		}
 	}
 }
 

@@ -25,21 +25,6 @@ func migInventory() *gpuinfo.Inventory {
 	}}}
 }
 
-func TestMIGInventoryRoundTrip(t *testing.T) {
-	inv := migInventory()
-	raw, err := inv.Encode()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := gpuinfo.DecodeInventory(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(inv, got); diff != "" {
-		t.Errorf("round trip (-want,+got):\n%s", diff)
-	}
-}
-
 // TestOlderReaderRefusesVersion2: a scheduler of the release before version
 // 2 reads the annotation into its version 1 types and refuses any version
 // but 1, first thing (pkg/gpuinfo/inventory.go at de21641: "unsupported
