@@ -204,3 +204,35 @@ func TestAgentMayFailOnlyItsOwnPods(t *testing.T) {
 		t.Errorf("failing a finished pod again: %v, want a refusal", err)
 	}
 }
+
+// TestMIGPreemptionFreesTheRightSlice: a high-priority pod asking for a
+// slice of its own on a node whose slices are all held evicts the holders
+// of one slice that holds it — the two shares of the 2g.10gb slice, not the
+// pod of the smaller 1g.5gb slice — and gets that slice.
+func TestMIGPreemptionFreesTheRightSlice(t *testing.T) {
+	e := newEnv(t)
+	e.priorityClasses()
+	e.node("mig", "A100-40GB:mig=2g.10gb@0+1g.5gb@6", 1, nil)
+	e.startScheduler()
+	k := e.startKubelet()
+	slicePod := func(name, class, isolation string, memoryMiB int64) {
+		pod := e.prioritized(name, class, map[string]int64{"tessera.io/gpu-memory": memoryMiB})
+		pod.Annotations = map[string]string{gpuinfo.IsolationAnnotation: isolation}
+		e.create(pod)
+	}
+	slicePod("small", lowPriority, "mig", 4000)
+	slicePod("share-a", lowPriority, "mig-shared", 4000)
+	slicePod("share-b", lowPriority, "mig-shared", 4000)
+	e.waitBound(30*time.Second, "small", "share-a", "share-b")
+	slicePod("urgent", highPriority, "mig", 8000)
+	urgent := assignment(t, e.waitBound(60*time.Second, "urgent")["urgent"]).Containers["main"][0]
+	if urgent.MIG == nil || urgent.MIG.Profile != "2g.10gb" || urgent.MIG.Start != 0 {
+		t.Errorf("urgent got %+v, want the 2g.10gb slice", urgent.MIG)
+	}
+	evicted := k.evicted()
+	sort.Strings(evicted)
+	if diff := cmp.Diff([]string{"share-a", "share-b"}, evicted); diff != "" {
+		t.Errorf("evicted (-want,+got):\n%s", diff)
+	}
+	e.checkNoOvercommit(t)
+}
