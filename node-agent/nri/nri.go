@@ -58,8 +58,8 @@ type Plugin struct {
 	Node string
 	// Enforce decides each container's changes.
 	Enforce enforce.Config
-	// MIGCaps reads the node's MIG capability devices; nil: the driver's
-	// lists in /proc (enforce.ReadMIGCaps).
+	// MIGCaps reads the node's MIG capability devices
+	// (enforce.ReadMIGCaps); nil allows none.
 	MIGCaps func() (enforce.MIGCaps, error)
 	// Unrestricted are the service accounts ("namespace:name") whose pods'
 	// containers are left as they are: the agent's own and monitoring that
@@ -144,11 +144,6 @@ func (p *Plugin) node(ctx context.Context) enforce.Node {
 		n.Cards = *cards
 	}
 	n.MIGCaps = p.MIGCaps
-	if n.MIGCaps == nil {
-		n.MIGCaps = func() (enforce.MIGCaps, error) {
-			return enforce.ReadMIGCaps(enforce.MIGMinorsPath, enforce.DevicesPath)
-		}
-	}
 	return n
 }
 

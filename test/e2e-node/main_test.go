@@ -158,7 +158,48 @@ func cdiSpec(cards int) string {
 		fmt.Fprintf(&b, "- name: \"%d\"\n  containerEdits:\n    deviceNodes:\n%s", i, node)
 		all.WriteString(node)
 	}
+	// The card in MIG mode's slices, as the NVIDIA toolkit names them
+	// ("CARD:MIG INDEX"): the card's node and the slice's two capability
+	// nodes (migCaps).
+	for index, gi := range []int{1, 2} {
+		fmt.Fprintf(&b, "- name: \"%d:%d\"\n  containerEdits:\n    deviceNodes:\n", migCard, index)
+		fmt.Fprintf(&b, "    - {path: /dev/nvidia%d, type: c, major: 195, minor: %d}\n", migCard, migCard)
+		for _, c := range []int{capMinor(gi, false), capMinor(gi, true)} {
+			fmt.Fprintf(&b, "    - {path: /dev/nvidia-caps/nvidia-cap%d, type: c, major: %d, minor: %d}\n", c, capsMajor, c)
+		}
+	}
 	fmt.Fprintf(&b, "- name: all\n  containerEdits:\n    deviceNodes:\n%s", all.String())
+	return b.String()
+}
+
+// The card in MIG mode, after the whole cards: an A100 40GB with a 3g.20gb
+// slice at slot 0 (MIG device 0, GPU instance 1) and a 1g.5gb at slot 6 (MIG
+// device 1, GPU instance 2), as the simulated backend numbers them.
+const (
+	migCard    = cards
+	migSpec    = "1xA100-40GB:mig=3g.20gb@0+1g.5gb@6"
+	capsMajor  = 237
+	configCap  = 1
+	monitorCap = 2
+)
+
+// capMinor is the minor number of the capability node of GPU instance gi of
+// the card in MIG mode (of its compute instance 0 when ci).
+func capMinor(gi int, ci bool) int {
+	if ci {
+		return 10*gi + 1
+	}
+	return 10 * gi
+}
+
+// migCaps is the driver's list of the node's MIG capabilities
+// (/proc/driver/nvidia-caps/mig-minors on a real node).
+func migCaps() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "config %d\nmonitor %d\n", configCap, monitorCap)
+	for _, gi := range []int{1, 2} {
+		fmt.Fprintf(&b, "gpu%d/gi%d/access %d\ngpu%d/gi%d/ci0/access %d\n", migCard, gi, capMinor(gi, false), migCard, gi, capMinor(gi, true))
+	}
 	return b.String()
 }
 
@@ -190,6 +231,9 @@ func startAgent(ctx context.Context) (*agentProcess, error) {
 	if err := os.MkdirAll(filepath.Join(vgpuDir(), "cache"), 0o755); err != nil {
 		return nil, err
 	}
+	if err := os.WriteFile(filepath.Join(suite.dir, "mig-minors"), []byte(migCaps()), 0o644); err != nil {
+		return nil, err
+	}
 	// A stand-in for HAMi-core's library: the agent only mounts it.
 	if err := os.WriteFile(filepath.Join(vgpuDir(), "libvgpu.so"), []byte("stand-in"), 0o644); err != nil {
 		return nil, err
@@ -201,7 +245,8 @@ func startAgent(ctx context.Context) (*agentProcess, error) {
 	a := &agentProcess{exited: make(chan struct{})}
 	a.cmd = exec.Command(filepath.Join(suite.bin, "node-agent"),
 		"--node-name="+node, "--namespace="+manifests.Namespace, "--kubeconfig="+kubeconfig,
-		fmt.Sprintf("--simulated-gpus=%dxA100-80GB", cards), "--device-plugin-dir=",
+		fmt.Sprintf("--simulated-gpus=%dxA100-80GB,%s", cards, migSpec), "--device-plugin-dir=",
+		"--mig-capabilities="+filepath.Join(suite.dir, "mig-minors"),
 		"--nri-socket="+filepath.Join(suite.dir, "containerd", "nri.sock"),
 		"--vgpu-library="+filepath.Join(vgpuDir(), "libvgpu.so"),
 		"--vgpu-preload="+filepath.Join(vgpuDir(), "ld.so.preload"),

@@ -79,6 +79,7 @@ func main() {
 	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
 	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
+	migCaps := flag.String("mig-capabilities", enforce.MIGMinorsPath, "the driver's list of MIG capability devices (name and minor number of each): a container gets only its own MIG slices' capability devices (/dev/nvidia-caps/)")
 	dynamicMIG := flag.String("dynamic-mig-cards", "", "cards in MIG mode whose slices Tessera creates and destroys as the pods placed there need them: all, or comma-separated card indices; empty (the default) leaves every card's slices as the operator made them. Never name a card NVIDIA's MIG manager or DRA driver also manages (docs/mig.md)")
 	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion, "the newest inventory version published: 2 publishes version 2 on nodes with cards in MIG mode, whose slices need it, and version 1 elsewhere; 1 keeps every node readable by schedulers before release 0.2 (cards in MIG mode then take no pods). Upgrade the scheduler first (docs/install.md)")
 	printVersion := flag.Bool("version", false, "print Tessera's version and exit")
@@ -131,7 +132,8 @@ func main() {
 	var enforcer *nri.Plugin
 	if *nriSocket != "" {
 		enforcement.Names, enforcement.HighTaskPriority = names, int32(*highTaskPriority)
-		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second}
+		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second,
+			MIGCaps: func() (enforce.MIGCaps, error) { return enforce.ReadMIGCaps(*migCaps, enforce.DevicesPath) }}
 		if enforcer.Unrestricted, err = unrestrictedAccounts(*namespace+":"+*serviceAccount, *unrestricted); err != nil {
 			klog.ErrorS(err, "Invalid --unrestricted-service-accounts")
 			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
