@@ -157,23 +157,23 @@ const (
 	CDIByUUID  CDINaming = "uuid"
 )
 
-// cdiName is card's CDI device name; a MIG slice's is its MIG device's
-// ("CARD:INDEX" by index), migIndex its index under the card.
-func (c Config) cdiName(card gpuinfo.CardAssignment, migIndex int) string {
+// cdiName is the CDI device name of card, or of its MIG device slice where
+// the entry gives a slice ("CARD:INDEX" by index).
+func (c Config) cdiName(card gpuinfo.CardAssignment, slice gpuinfo.MIGInstance) string {
 	switch {
 	case c.CDINames == CDIByUUID:
-		return c.CDIKind + "=" + visibleUUID(card)
+		return c.CDIKind + "=" + visibleUUID(card, slice)
 	case card.MIG != nil:
-		return c.CDIKind + "=" + strconv.Itoa(card.Index) + ":" + strconv.Itoa(migIndex)
+		return c.CDIKind + "=" + strconv.Itoa(card.Index) + ":" + strconv.Itoa(slice.Index)
 	}
 	return c.CDIKind + "=" + strconv.Itoa(card.Index)
 }
 
-// visibleUUID is the UUID a container is given for an entry: its MIG
-// device's for a slice, else the card's.
-func visibleUUID(card gpuinfo.CardAssignment) string {
+// visibleUUID is the UUID a container is given for an entry: for a slice,
+// its MIG device's as the node has it now (slice), else the card's.
+func visibleUUID(card gpuinfo.CardAssignment, slice gpuinfo.MIGInstance) string {
 	if card.MIG != nil {
-		return card.MIG.UUID
+		return slice.UUID
 	}
 	return card.UUID
 }
@@ -271,18 +271,18 @@ type Node struct {
 	MIGCaps func() (MIGCaps, error)
 }
 
-// migIndices are the MIG device indices of the entries' slices (0 for
-// whole cards), as the node's cards report them; checkCards has found them.
-func (n Node) migIndices(cards []gpuinfo.CardAssignment) []int {
-	indices := make([]int, len(cards))
+// slices are the MIG devices of the entries' slices as the node's cards
+// have them now (zero for whole cards); checkCards has found them.
+func (n Node) slices(cards []gpuinfo.CardAssignment) []gpuinfo.MIGInstance {
+	devices := make([]gpuinfo.MIGInstance, len(cards))
 	for i, want := range cards {
 		if card, ok := n.card(want.Index); ok && want.MIG != nil {
 			if in, _ := card.Slice(want.MIG.Profile, want.MIG.Start); in != nil {
-				indices[i] = in.Index
+				devices[i] = *in
 			}
 		}
 	}
-	return indices
+	return devices
 }
 
 // card is the node's card with index i.
@@ -346,7 +346,7 @@ func (c Config) For(pod *v1.Pod, uid types.UID, container, id string, node Node)
 	if err := node.checkCards(cards); err != nil {
 		return nil, fmt.Errorf("pod %s/%s: container %q: %s: %w", pod.Namespace, pod.Name, container, gpuinfo.AssignmentAnnotation, err)
 	}
-	adj := c.Cards(cards, node.migIndices(cards), heldWhole(cr, cards), RegionName(id), c.taskPriority(pod, req.TaskPriority))
+	adj := c.Cards(cards, node.slices(cards), heldWhole(cr, cards), RegionName(id), c.taskPriority(pod, req.TaskPriority))
 	// Not a claim's: a value from the pod spec would make the agent count
 	// its cards as another claim's when it reads them back (runningHoldings).
 	adj.Env = append(adj.Env, EnvVar{ClaimEnv, ""})
@@ -422,9 +422,12 @@ func checkSlice(want gpuinfo.CardAssignment, card discovery.Card) error {
 	switch {
 	case in == nil:
 		return fmt.Errorf("card %d (%s) has no MIG slice %s at slot %d", want.Index, want.UUID, want.MIG.Profile, want.MIG.Start)
-	case want.MIG.UUID == "" && !card.MIG.Dynamic:
+	case card.MIGDynamic:
+		// Its slices are made for the pods that hold them, and made again
+		// under another UUID if one went while no pod held it yet.
+	case want.MIG.UUID == "":
 		return fmt.Errorf("card %d (%s): the assignment names no MIG device for slice %s at slot %d, and the card is not dynamic", want.Index, want.UUID, want.MIG.Profile, want.MIG.Start)
-	case want.MIG.UUID != "" && in.UUID != want.MIG.UUID:
+	case in.UUID != want.MIG.UUID:
 		return fmt.Errorf("card %d: its MIG slice %s at slot %d is %s, not %q", want.Index, want.MIG.Profile, want.MIG.Start, in.UUID, want.MIG.UUID)
 	case want.MemoryMiB > p.MemoryMiB:
 		return fmt.Errorf("card %d, MIG slice %s (%s): %d MiB is more than the slice's %d MiB", want.Index, want.MIG.Profile, in.UUID, want.MemoryMiB, p.MemoryMiB)
@@ -448,25 +451,24 @@ type Holding struct {
 }
 
 // Cards is the adjustment that gives a container cards: visible by UUID (and
-// as CDI devices when CDIKind is set; a MIG slice by its MIG device's UUID
-// and, named by index, by its index under the card from migIndices, which
-// may be nil where there are no slices) and, unless whole, limited to each
+// as CDI devices when CDIKind is set; an entry that gives a MIG slice by its
+// MIG device in slices, parallel to cards and nil where there are none) and, unless whole, limited to each
 // card's share by the interception library, whose shared region is the file
 // region of the cache directory, mounted into the container alone (the
 // caller creates it first: Region). taskPriority is the library's
 // CUDA_TASK_PRIORITY, "0" (high) or "1" (low). Whole cards get no
 // interception, so no overhead.
-func (c Config) Cards(cards []gpuinfo.CardAssignment, migIndices []int, whole bool, region, taskPriority string) *Adjustment {
+func (c Config) Cards(cards []gpuinfo.CardAssignment, slices []gpuinfo.MIGInstance, whole bool, region, taskPriority string) *Adjustment {
 	uuids := make([]string, len(cards))
 	adj := &Adjustment{}
 	for i, card := range cards {
-		uuids[i] = visibleUUID(card)
+		var slice gpuinfo.MIGInstance
+		if i < len(slices) {
+			slice = slices[i]
+		}
+		uuids[i] = visibleUUID(card, slice)
 		if c.CDIKind != "" {
-			migIndex := 0
-			if i < len(migIndices) {
-				migIndex = migIndices[i]
-			}
-			adj.CDIDevices = append(adj.CDIDevices, c.cdiName(card, migIndex))
+			adj.CDIDevices = append(adj.CDIDevices, c.cdiName(card, slice))
 		}
 	}
 	adj.Env = []EnvVar{{"NVIDIA_VISIBLE_DEVICES", strings.Join(uuids, ",")}}

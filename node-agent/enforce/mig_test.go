@@ -56,6 +56,8 @@ func TestForMIGSlices(t *testing.T) {
 		wantEnv []EnvVar
 		wantCDI []string
 		wantErr string
+		// dynamic marks card 1 dynamic.
+		dynamic bool
 	}{
 		{
 			name:    "a slice of its own: the MIG device alone, no interception",
@@ -93,6 +95,25 @@ func TestForMIGSlices(t *testing.T) {
 			wantErr: `card 1: its MIG slice 1g.10gb at slot 0 is MIG-b, not "MIG-a"`,
 		},
 		{
+			name:    "a static slice named without its device",
+			pod:     migPod("mig", map[v1.ResourceName]string{"tessera.io/gpu-memory": "8000"}, `{"version":2,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":9856,"cores":100,"mig":{"profile":"1g.10gb","start":0}}]}}`),
+			wantErr: "the assignment names no MIG device for slice 1g.10gb at slot 0, and the card is not dynamic",
+		},
+		{
+			name:    "a dynamic card's slice made for the pod, whatever its device",
+			pod:     migPod("mig", map[v1.ResourceName]string{"tessera.io/gpu-memory": "8000"}, `{"version":2,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":9856,"cores":100,"mig":{"profile":"1g.10gb","start":0}}]}}`),
+			dynamic: true,
+			wantEnv: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "MIG-b"}, {"TESSERA_CLAIM", ""}},
+			wantCDI: []string{"nvidia.com/gpu=1:1"},
+		},
+		{
+			name:    "a dynamic card's slice made again under another device",
+			pod:     migPod("mig", map[v1.ResourceName]string{"tessera.io/gpu-memory": "8000"}, `{"version":2,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":9856,"cores":100,"mig":{"profile":"1g.10gb","start":0,"uuid":"MIG-gone"}}]}}`),
+			dynamic: true,
+			wantEnv: []EnvVar{{"NVIDIA_VISIBLE_DEVICES", "MIG-b"}, {"TESSERA_CLAIM", ""}},
+			wantCDI: []string{"nvidia.com/gpu=1:1"},
+		},
+		{
 			name:    "more memory than the slice",
 			pod:     migPod("mig-shared", map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}, `{"version":2,"containers":{"con0":[{"index":1,"uuid":"GPU-1","memoryMiB":20000,"cores":0,"mig":{"profile":"1g.10gb","start":0,"uuid":"MIG-b"}}]}}`),
 			wantErr: "card 1, MIG slice 1g.10gb (MIG-b): 20000 MiB is more than the slice's 9856 MiB",
@@ -114,7 +135,9 @@ func TestForMIGSlices(t *testing.T) {
 			if tc.naming != "" {
 				cfg.CDINames = tc.naming
 			}
-			got, err := cfg.For(tc.pod, "uid-1", "con0", "ctr-1", migTestNode())
+			node := migTestNode()
+			node.Cards[1].MIGDynamic = tc.dynamic
+			got, err := cfg.For(tc.pod, "uid-1", "con0", "ctr-1", node)
 			if testutil.CheckError(t, err, tc.wantErr) {
 				return
 			}

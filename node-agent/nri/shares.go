@@ -90,52 +90,101 @@ func (s *shares) running() []Running {
 	return out
 }
 
-// admit records container id's holdings, unless one of its cards would be
-// over-committed: the shares held on it now, plus what id adds, exceed its
-// memory or its compute. A holding already live (another container of the
-// same claim) adds nothing.
+// admit records container id's holdings, unless one of its cards (or MIG
+// slices) would be over-committed: the shares held on it now, plus what id
+// adds, exceed its memory or its compute. A holding already live (another
+// container of the same claim) adds nothing.
 func (s *shares) admit(id string, owner Owner, holdings []enforce.Holding, cards []discovery.Card) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.initLocked()
-	byUUID := make(map[string]discovery.Card, len(cards))
-	for _, c := range cards {
-		byUUID[c.UUID] = c
-	}
+	units := unitsOf(cards)
 	adding := map[string]bool{}
 	for _, h := range holdings {
 		if s.holdings[h.Key] != nil {
 			continue
 		}
 		for _, c := range h.Cards {
-			adding[c.UUID] = true
+			adding[units.key(c)] = true
 		}
 	}
-	for uuid := range adding {
-		card, ok := byUUID[uuid]
+	for key := range adding {
+		u, ok := units.byKey[key]
 		if !ok {
-			return fmt.Errorf("card %s is not a card of this node", uuid)
+			return fmt.Errorf("card %s is not a card of this node", key)
 		}
-		heldMemory, heldCores := s.heldLocked(card)
+		heldMemory, heldCores := s.heldLocked(key, units)
 		var memory, cores int64
 		for _, h := range holdings {
 			if s.holdings[h.Key] != nil {
 				continue
 			}
 			for _, c := range h.Cards {
-				if c.UUID == uuid {
-					memory += shareMemory(c, card)
+				if units.key(c) == key {
+					memory += u.memoryOf(c)
 					cores += c.Cores
 				}
 			}
 		}
-		if heldMemory+memory > card.MemoryMiB || heldCores+cores > gpuinfo.FullCores {
+		if heldMemory+memory > u.memoryMiB || heldCores+cores > gpuinfo.FullCores {
 			return fmt.Errorf("card %d (%s) would be over-committed: the containers running on it hold %d of its %d MiB and %d %% of its compute, and this container adds %d MiB and %d %% (kubelet will retry: a container that is stopping frees its share)",
-				card.Index, uuid, heldMemory, card.MemoryMiB, heldCores, memory, cores)
+				u.index, key, heldMemory, u.memoryMiB, heldCores, memory, cores)
 		}
 	}
 	s.addLocked(id, owner, holdings)
 	return nil
+}
+
+// unit is a card, or a MIG slice of one, as shares are counted on it.
+type unit struct {
+	index     int
+	memoryMiB int64
+}
+
+// memoryOf is the memory a share holds of the unit: its own, or the whole
+// unit's for a share without a memory limit.
+func (u unit) memoryOf(share gpuinfo.CardAssignment) int64 {
+	if share.MemoryMiB == 0 {
+		return u.memoryMiB
+	}
+	return share.MemoryMiB
+}
+
+// units are the node's cards and MIG slices by the key shares of them are
+// counted under (gpuinfo.CardAssignment.Key), with the slices' keys by
+// their MIG device UUIDs (what a running container's environment names).
+type units struct {
+	byKey  map[string]unit
+	slices map[string]string
+}
+
+// unitsOf lists the node's cards and their MIG slices.
+func unitsOf(cards []discovery.Card) units {
+	u := units{byKey: make(map[string]unit, len(cards)), slices: map[string]string{}}
+	for _, c := range cards {
+		u.byKey[c.UUID] = unit{c.Index, c.MemoryMiB}
+		if c.MIG == nil {
+			continue
+		}
+		for _, in := range c.MIG.Instances {
+			key := gpuinfo.SliceKey(c.UUID, in.Profile, in.Start)
+			u.byKey[key] = unit{c.Index, c.MIG.Profile(in.Profile).MemoryMiB}
+			u.slices[in.UUID] = key
+		}
+	}
+	return u
+}
+
+// key is the unit a share holds part of: its slice, named by the assignment
+// or by its MIG device's UUID, else its card.
+func (u units) key(share gpuinfo.CardAssignment) string {
+	if share.MIG != nil {
+		return share.Key()
+	}
+	if key, ok := u.slices[share.UUID]; ok {
+		return key
+	}
+	return share.UUID
 }
 
 // admitUnrestricted records a container left as it is.
@@ -162,11 +211,13 @@ func (s *shares) release(id string) {
 	delete(s.owners, id)
 }
 
-func (s *shares) heldLocked(card discovery.Card) (memory, cores int64) {
+// heldLocked is what the live holdings hold of the unit under key.
+func (s *shares) heldLocked(key string, units units) (memory, cores int64) {
+	u := units.byKey[key]
 	for _, h := range s.holdings {
 		for _, c := range h.cards {
-			if c.UUID == card.UUID {
-				memory += shareMemory(c, card)
+			if units.key(c) == key {
+				memory += u.memoryOf(c)
 				cores += c.Cores
 			}
 		}
@@ -198,18 +249,9 @@ func (s *shares) addLocked(id string, owner Owner, holdings []enforce.Holding) {
 	s.containers[id] = keys
 }
 
-// shareMemory is the memory a share holds of card: its own, or the whole
-// card's for a share without a memory limit.
-func shareMemory(share gpuinfo.CardAssignment, card discovery.Card) int64 {
-	if share.MemoryMiB == 0 {
-		return card.MemoryMiB
-	}
-	return share.MemoryMiB
-}
-
 // runningHoldings are the cards a running container holds, read from its
-// environment as the runtime reports it — what it runs with: the cards it
-// sees (NVIDIA_VISIBLE_DEVICES, by UUID) and, for a share, the library's
+// environment as the runtime reports it — what it runs with: the cards (or
+// MIG devices) it sees (NVIDIA_VISIBLE_DEVICES, by UUID) and, for a share, the library's
 // limits; the whole card without them. The containers of one claim (the
 // driver's TESSERA_CLAIM) share one holding. None for a container that sees
 // no card by UUID.
@@ -221,7 +263,7 @@ func runningHoldings(ctr *api.Container) []enforce.Holding {
 		}
 	}
 	visible := env["NVIDIA_VISIBLE_DEVICES"]
-	if !strings.HasPrefix(visible, "GPU-") {
+	if !strings.HasPrefix(visible, "GPU-") && !strings.HasPrefix(visible, "MIG-") {
 		return nil
 	}
 	var cards []gpuinfo.CardAssignment

@@ -1,11 +1,13 @@
 package nri
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -37,5 +39,43 @@ func TestRunningHoldings(t *testing.T) {
 				t.Errorf("holdings (-want,+got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestAdmitMIGSlices: shares are counted per MIG slice, not per card: two
+// containers on two slices of one card each hold their slice whole; a share
+// that would overfill its slice is refused, on the slice's memory; a running
+// container is matched to its slice by its MIG device's UUID.
+func TestAdmitMIGSlices(t *testing.T) {
+	cards := []discovery.Card{{Index: 0, UUID: "GPU-0", MemoryMiB: 40960, MIGEnabled: true, MIG: &gpuinfo.MIG{Slots: 8,
+		Profiles: []gpuinfo.MIGProfile{
+			{Name: "1g.5gb", Slices: 1, Size: 1, MemoryMiB: 4864, Starts: []int{0, 1, 2, 3, 4, 5, 6}},
+			{Name: "3g.20gb", Slices: 3, Size: 4, MemoryMiB: 19968, Starts: []int{0, 4}},
+		},
+		Instances: []gpuinfo.MIGInstance{{Profile: "3g.20gb", Start: 0, UUID: "MIG-a"}, {Profile: "1g.5gb", Start: 6, UUID: "MIG-b", Index: 1}},
+	}}}
+	slice := func(id, profile string, start int, memoryMiB, cores int64) []enforce.Holding {
+		return []enforce.Holding{{Key: enforce.ContainerKey(id), Cards: []gpuinfo.CardAssignment{
+			{Index: 0, UUID: "GPU-0", MemoryMiB: memoryMiB, Cores: cores, MIG: &gpuinfo.MIGSlice{Profile: profile, Start: start}},
+		}}}
+	}
+	var s shares
+	if err := s.admit("own", Owner{}, slice("own", "1g.5gb", 6, 4864, 100), cards); err != nil {
+		t.Fatalf("a slice of its own: %v", err)
+	}
+	if err := s.admit("share-1", Owner{}, slice("share-1", "3g.20gb", 0, 12000, 0), cards); err != nil {
+		t.Fatalf("a share of the other slice beside it: %v", err)
+	}
+	err := s.admit("share-2", Owner{}, slice("share-2", "3g.20gb", 0, 9000, 0), cards)
+	if err == nil || !strings.Contains(err.Error(), "card 0 (GPU-0/3g.20gb@0) would be over-committed: the containers running on it hold 12000 of its 19968 MiB") {
+		t.Errorf("a share overfilling the slice: %v", err)
+	}
+	// After a restart, the running container is known by what it sees.
+	var restarted shares
+	restarted.reset(map[string]runningContainer{"own": {holdings: []enforce.Holding{{Key: "container/own", Cards: []gpuinfo.CardAssignment{
+		{Index: -1, UUID: "MIG-b", Cores: gpuinfo.FullCores},
+	}}}}})
+	if err := restarted.admit("again", Owner{}, slice("again", "1g.5gb", 6, 4864, 100), cards); err == nil {
+		t.Error("a second container admitted to the slice a running one holds whole")
 	}
 }

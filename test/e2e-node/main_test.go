@@ -161,7 +161,7 @@ func cdiSpec(cards int) string {
 	// The card in MIG mode's slices, as the NVIDIA toolkit names them
 	// ("CARD:MIG INDEX"): the card's node and the slice's two capability
 	// nodes (migCaps).
-	for index, gi := range []int{1, 2} {
+	for index, gi := range migInstances {
 		fmt.Fprintf(&b, "- name: \"%d:%d\"\n  containerEdits:\n    deviceNodes:\n", migCard, index)
 		fmt.Fprintf(&b, "    - {path: /dev/nvidia%d, type: c, major: 195, minor: %d}\n", migCard, migCard)
 		for _, c := range []int{capMinor(gi, false), capMinor(gi, true)} {
@@ -173,15 +173,20 @@ func cdiSpec(cards int) string {
 }
 
 // The card in MIG mode, after the whole cards: an A100 40GB with a 3g.20gb
-// slice at slot 0 (MIG device 0, GPU instance 1) and a 1g.5gb at slot 6 (MIG
-// device 1, GPU instance 2), as the simulated backend numbers them.
+// slice at slot 0 (MIG device 0, GPU instance 1) and 1g.5gb slices at slots
+// 5 and 6 (MIG devices 1 and 2, GPU instances 2 and 3), as the simulated
+// backend numbers them.
 const (
 	migCard    = cards
-	migSpec    = "1xA100-40GB:mig=3g.20gb@0+1g.5gb@6"
+	migSpec    = "1xA100-40GB:mig=3g.20gb@0+1g.5gb@5+1g.5gb@6"
 	capsMajor  = 237
 	configCap  = 1
 	monitorCap = 2
 )
+
+// migInstances are the GPU instances of the card in MIG mode, by MIG device
+// index.
+var migInstances = []int{1, 2, 3}
 
 // capMinor is the minor number of the capability node of GPU instance gi of
 // the card in MIG mode (of its compute instance 0 when ci).
@@ -197,7 +202,7 @@ func capMinor(gi int, ci bool) int {
 func migCaps() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "config %d\nmonitor %d\n", configCap, monitorCap)
-	for _, gi := range []int{1, 2} {
+	for _, gi := range migInstances {
 		fmt.Fprintf(&b, "gpu%d/gi%d/access %d\ngpu%d/gi%d/ci0/access %d\n", migCard, gi, capMinor(gi, false), migCard, gi, capMinor(gi, true))
 	}
 	return b.String()

@@ -15,8 +15,8 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// TestMIGSlice: through the real runtime, a container given a MIG slice of
-// its own gets that MIG device alone — its UUID, its CDI device (the card's
+// TestMIGSlice: through the real runtime, containers given MIG slices of
+// their own on one card each get their MIG device alone — its UUID, its CDI device (the card's
 // node and the slice's two capability nodes, and no other slice's), no
 // interception library — and a container sharing a slice gets its memory
 // limit inside it and no compute limit.
@@ -25,28 +25,33 @@ func TestMIGSlice(t *testing.T) {
 	ns := testNamespace(tCtx)
 	own := podSpec(ns, "mig-own", "", container{name: "main", limits: map[string]int64{"tessera.io/gpu-memory": 4000}})
 	own.Annotations = map[string]string{gpuinfo.IsolationAnnotation: gpuinfo.IsolationMIG}
+	neighbour := podSpec(ns, "mig-neighbour", "", container{name: "main", limits: map[string]int64{"tessera.io/gpu-memory": 4000}})
+	neighbour.Annotations = map[string]string{gpuinfo.IsolationAnnotation: gpuinfo.IsolationMIG}
 	shared := podSpec(ns, "mig-shared", "", container{name: "main", limits: map[string]int64{"tessera.io/gpu-memory": 6000}})
 	shared.Annotations = map[string]string{gpuinfo.IsolationAnnotation: gpuinfo.IsolationMIGShared}
 	probe := podSpec(ns, "mig-probe", "", container{name: "main", limits: map[string]int64{"tessera.io/gpu-memory": 1000}})
 	probe.Annotations = map[string]string{gpuinfo.IsolationAnnotation: gpuinfo.IsolationMIGShared}
-	pods := schedule(tCtx, own, shared, probe)
+	pods := schedule(tCtx, own, neighbour, shared, probe)
 
-	// A slice of its own: the smallest that holds 4000 MiB, the 1g.5gb.
-	slice := cardsOf(tCtx, pods["mig-own"], "main")
-	if len(slice) != 1 || slice[0].MIG == nil || slice[0].MIG.Profile != "1g.5gb" {
-		t.Fatalf("mig-own got %+v, want the 1g.5gb slice", slice)
+	// Slices of their own: the smallest that hold 4000 MiB, the two 1g.5gb
+	// of one card, each whole, side by side.
+	for _, name := range []string{"mig-own", "mig-neighbour"} {
+		slice := cardsOf(tCtx, pods[name], "main")
+		if len(slice) != 1 || slice[0].MIG == nil || slice[0].MIG.Profile != "1g.5gb" {
+			t.Fatalf("%s got %+v, want a 1g.5gb slice", name, slice)
+		}
+		r := startContainer(tCtx, runSandbox(tCtx, pods[name], ""), pods[name], "main")
+		checkEnv(t, name, r, map[string]string{"NVIDIA_VISIBLE_DEVICES": slice[0].MIG.UUID})
+		checkSliceDevices(t, name, r, migInstances[map[int]int{5: 1, 6: 2}[slice[0].MIG.Start]])
+		checkInterception(t, name, r, "")
 	}
-	r := startContainer(tCtx, runSandbox(tCtx, pods["mig-own"], ""), pods["mig-own"], "main")
-	checkEnv(t, "a slice of its own", r, map[string]string{"NVIDIA_VISIBLE_DEVICES": slice[0].MIG.UUID})
-	checkSliceDevices(t, "a slice of its own", r, 2)
-	checkInterception(t, "a slice of its own", r, "")
 
 	// A share inside the 3g.20gb slice.
 	share := cardsOf(tCtx, pods["mig-shared"], "main")
 	if len(share) != 1 || share[0].MIG == nil || share[0].MIG.Profile != "3g.20gb" {
 		t.Fatalf("mig-shared got %+v, want a share of the 3g.20gb slice", share)
 	}
-	r = startContainer(tCtx, runSandbox(tCtx, pods["mig-shared"], ""), pods["mig-shared"], "main")
+	r := startContainer(tCtx, runSandbox(tCtx, pods["mig-shared"], ""), pods["mig-shared"], "main")
 	checkEnv(t, "a share inside a slice", r, map[string]string{
 		"NVIDIA_VISIBLE_DEVICES": share[0].MIG.UUID, "CUDA_DEVICE_MEMORY_LIMIT_0": "6000m", "CUDA_DEVICE_SM_LIMIT_0": "0",
 	})
@@ -62,7 +67,7 @@ func TestMIGSlice(t *testing.T) {
 	for _, tc := range []struct {
 		what, device, wantErr string
 	}{
-		{"the other slice beside its own", fmt.Sprintf("nvidia.com/gpu=%d:1", migCard),
+		{"another slice beside its own", fmt.Sprintf("nvidia.com/gpu=%d:1", migCard),
 			fmt.Sprintf("MIG capability device /dev/nvidia-caps/nvidia-cap%d (minor %d), which is not one of its own MIG slices'", capMinor(2, false), capMinor(2, false))},
 		{"its own slice", fmt.Sprintf("nvidia.com/gpu=%d:0", migCard), ""},
 	} {
