@@ -176,9 +176,9 @@ func (c *Card) TakesShares() bool { return c.Healthy && !c.MIG && c.Slice == nil
 
 // serves reports whether the entry may take new work of req: whole cards
 // serve requests without MIG, slices (of the profile asked for, if any) MIG
-// requests.
-func (c *Card) serves(req *gpuinfo.PodRequest) bool {
-	if !c.Healthy || c.MIG || (c.Slice != nil) != req.Isolation.MIG() {
+// requests (wantsSlice, req.Isolation.MIG()).
+func (c *Card) serves(req *gpuinfo.PodRequest, wantsSlice bool) bool {
+	if !c.Healthy || c.MIG || (c.Slice != nil) != wantsSlice {
 		return false
 	}
 	return c.Slice == nil || req.MIGProfile == "" || c.Slice.Profile == req.MIGProfile

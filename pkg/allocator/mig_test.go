@@ -332,3 +332,37 @@ func TestHoldsRefusesOverlappingSlices(t *testing.T) {
 		t.Error("the plan holds though a 1g.5gb at slot 2 overlaps it")
 	}
 }
+
+// BenchmarkPlaceMIG places a slice of its own on a node of eight dynamic
+// A100 40GB cards, half of whose slots are held, against the same node's
+// cards placed whole (docs/performance.md).
+func BenchmarkPlaceMIG(b *testing.B) {
+	inv := testutil.MIGInventory("n", []string{"3g.20gb@0"}, []string{"3g.20gb@4"}, []string{}, []string{"2g.10gb@0", "2g.10gb@2"},
+		[]string{}, []string{"1g.5gb@6"}, []string{"3g.20gb@0"}, []string{})
+	for i := range inv.Cards {
+		inv.Cards[i].MIG.Dynamic = true
+	}
+	for _, tc := range []struct {
+		name  string
+		cards []allocator.Card
+		req   *gpuinfo.PodRequest
+	}{
+		{"dynamic-slice", allocator.NewCards(inv), migRequest(gpuinfo.OwnMIGSlice, 9000)},
+		{"whole-cards-share", allocator.NewCards(testutil.Inventory("w", "A100", 40960, 8)), &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 1, 9000, 30)}}},
+	} {
+		used := make([]allocator.Usage, len(tc.cards))
+		for i, c := range tc.cards {
+			if c.Slice != nil && c.Slice.Exists() {
+				used[i] = c.Capacity // the slices that exist are held
+			}
+		}
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if o := allocator.Place(tc.cards, used, nil, tc.req, allocator.Strategy{Policy: allocator.Binpack}, nil); !o.Fits {
+					b.Fatal("does not fit")
+				}
+			}
+		})
+	}
+}

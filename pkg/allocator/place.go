@@ -40,6 +40,12 @@ type scratch struct {
 	// slices that exist or are held; held those of the slices held
 	// (occupy).
 	occupied, held [gpuinfo.MaxCardsPerNode]uint32
+	// sliceSpan is, by card index, where the card's slices are in the list
+	// (first, end).
+	sliceSpan [gpuinfo.MaxCardsPerNode][2]int
+	// slices is set when the node has MIG slices: without them, none of
+	// the slot bookkeeping runs.
+	slices bool
 	frag           fragment
 	// fragBefore is the node's fragmentation before the placement.
 	fragBefore float64
@@ -72,8 +78,11 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 	n := len(cards)
 	s.size(n)
 	matching, eligible, mig := 0, 0, 0
+	s.slices = false
+	wantsSlice := req.Isolation.MIG()
 	for i := range cards {
 		c := &cards[i]
+		s.slices = s.slices || c.Slice != nil
 		s.free[i] = c.Capacity.sub(used[i])
 		s.charge[i], s.base[i] = Usage{}, Usage{}
 		s.eligible[i] = false
@@ -82,7 +91,7 @@ func Place(cards []Card, used []Usage, deltas []Delta, req *gpuinfo.PodRequest, 
 				matching++
 			}
 			switch {
-			case c.serves(req):
+			case c.serves(req, wantsSlice):
 				s.eligible[i] = true
 				eligible++
 			case c.MIG || c.Slice != nil:
@@ -186,11 +195,13 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 	for i := range cards {
 		s.taken[i] = false
 	}
-	s.occupy(cards)
+	if s.slices {
+		s.occupy(cards)
+	}
 	for k := 0; k < c.Count; k++ {
 		best, bestReuse, bestKey := -1, false, int64(0)
 		for i := range cards {
-			if !s.eligible[i] || s.taken[i] || !s.placeable(cards, i) {
+			if !s.eligible[i] || s.taken[i] || s.slices && !s.placeable(cards, i) {
 				continue
 			}
 			card := &cards[i]
@@ -203,7 +214,10 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 			key := leftoverPermille(avail.sub(nd), card.Capacity)
 			switch {
 			case card.Slice != nil:
-				key = s.sliceKey(cards, i, c, policy, key)
+				var beaten bool
+				if key, beaten = s.sliceKey(cards, i, c, policy, key, best >= 0 && reuse == bestReuse, bestKey); beaten {
+					continue
+				}
 			case policy == Binpack:
 				key = -key
 			case policy == FragmentationAware:
@@ -232,15 +246,17 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 }
 
 // occupy computes, for each card in MIG mode, the memory slots its slices
-// that exist or are held take (occupied), and those its held slices take
-// (held).
+// that exist or are held take (occupied), those its held slices take (held),
+// and where its slices are in the list: right after the card (NewCards).
 func (s *scratch) occupy(cards []Card) {
 	s.occupied, s.held = [gpuinfo.MaxCardsPerNode]uint32{}, [gpuinfo.MaxCardsPerNode]uint32{}
 	for i := range cards {
 		sl := cards[i].Slice
 		if sl == nil {
+			s.sliceSpan[cards[i].Index] = [2]int{i + 1, i + 1}
 			continue
 		}
+		s.sliceSpan[cards[i].Index][1] = i + 1
 		held := s.free[i] != cards[i].Capacity
 		if held {
 			s.held[cards[i].Index] |= sl.Mask
@@ -268,8 +284,10 @@ func (s *scratch) placeable(cards []Card, i int) bool {
 // fit's leftoverPermille); then a slice that exists over one to create; then
 // the placement that rules out the fewest others on a dynamic card, so that
 // the largest profiles stay possible; then the profile with the fewest
-// compute slices; then the policy's choice of card.
-func (s *scratch) sliceKey(cards []Card, i int, c *gpuinfo.ContainerRequest, policy Policy, leftover int64) int64 {
+// compute slices; then the policy's choice of card. With against, it stops
+// early, beaten, when the slice cannot rank above bestKey: the placements
+// ruled out are counted only for contenders.
+func (s *scratch) sliceKey(cards []Card, i int, c *gpuinfo.ContainerRequest, policy Policy, leftover int64, against bool, bestKey int64) (key int64, beaten bool) {
 	card := &cards[i]
 	held := s.free[i] != card.Capacity
 	primary := -leftover
@@ -286,9 +304,15 @@ func (s *scratch) sliceKey(cards []Card, i int, c *gpuinfo.ContainerRequest, pol
 	if held || card.Slice.Exists() {
 		exists = 1
 	}
+	rank := func(loss, fewer, cardKey int64) int64 {
+		return (((primary*2+exists)*1024+1023-loss)*32+fewer)*4096 + cardKey + 2048
+	}
+	if against && rank(0, 31, 2047) <= bestKey {
+		return 0, true
+	}
 	loss := min(s.placementLoss(cards, i), 1023)
 	fewer := int64(gpuinfo.MaxMIGSlots - min(card.Slice.Slices, gpuinfo.MaxMIGSlots))
-	return (((primary*2+exists)*1024+1023-loss)*32+fewer)*4096 + s.sliceCardKey(card, policy) + 2048
+	return rank(loss, fewer, s.sliceCardKey(card, policy)), false
 }
 
 // placementLoss is how many memory slots' worth of placements (each
@@ -300,9 +324,10 @@ func (s *scratch) placementLoss(cards []Card, i int) int64 {
 		return 0
 	}
 	var loss int64
-	for j := range cards {
+	span := s.sliceSpan[cards[i].Index]
+	for j := span[0]; j < span[1]; j++ {
 		o := cards[j].Slice
-		if j == i || o == nil || cards[j].Index != cards[i].Index || o.Mask&sl.Mask == 0 || !s.placeable(cards, j) ||
+		if j == i || o.Mask&sl.Mask == 0 || !s.placeable(cards, j) ||
 			o.Exists() || s.free[j] != cards[j].Capacity {
 			continue
 		}
