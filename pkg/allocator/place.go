@@ -46,7 +46,7 @@ type scratch struct {
 	// slices is set when the node has MIG slices: without them, none of
 	// the slot bookkeeping runs.
 	slices bool
-	frag           fragment
+	frag   fragment
 	// fragBefore is the node's fragmentation before the placement.
 	fragBefore float64
 }
