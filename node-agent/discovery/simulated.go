@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -37,10 +38,20 @@ var knownModels = map[string]struct {
 type Simulated struct {
 	node string
 
-	// mu guards the cards' MIG instances and the usage.
+	// mu guards the cards' MIG instances, the usage and migFailure.
 	mu    sync.Mutex
 	cards []Card
 	usage map[int]SimulatedUsage
+	// migFailure, when set, is why every slice creation fails.
+	migFailure string
+}
+
+// SetMIGFailure makes every slice creation fail, with reason, from now on, as
+// a driver would that cannot make one (tests); "" lets them succeed again.
+func (s *Simulated) SetMIGFailure(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.migFailure = reason
 }
 
 // NewSimulated parses spec for the named node.
@@ -141,6 +152,9 @@ func (s *Simulated) CreateMIGSlice(index int, profile string, start int) (string
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, err := s.migGeometry(index)
+	if err == nil && s.migFailure != "" {
+		err = errors.New(s.migFailure)
+	}
 	if err == nil {
 		var in gpuinfo.MIGInstance
 		if in, err = addInstance(m, s.node, index, profile, start); err == nil {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/install"
 	"github.com/tessera-gpu/tessera/manifests"
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -235,4 +237,45 @@ func TestMIGPreemptionFreesTheRightSlice(t *testing.T) {
 		t.Errorf("evicted (-want,+got):\n%s", diff)
 	}
 	e.checkNoOvercommit(t)
+}
+
+// TestMIGSliceFailureFailsThePod: when the agent cannot make the slice the
+// scheduler chose on a dynamic card, it marks the pod Failed with the
+// reason (as the agent's own identity, through the policy
+// tessera-agent-pod-status), and the scheduler frees its place: the next pod
+// gets that placement.
+func TestMIGSliceFailureFailsThePod(t *testing.T) {
+	e := newEnv(t)
+	node, a := e.quietNode("dyn", "A100-40GB:mig-dynamic=", 1, nil)
+	backend := a.Backend.(*discovery.Simulated)
+	backend.SetMIGFailure("the driver is out of memory for instances")
+	ctx, cancel := context.WithCancel(e.tCtx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	e.tCtx.Cleanup(func() { cancel(); <-done })
+	e.startScheduler()
+	slicePod := func(name string) {
+		pod := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 30000})
+		pod.Annotations = map[string]string{gpuinfo.IsolationAnnotation: "mig"}
+		e.create(pod)
+	}
+	slicePod("doomed")
+	e.waitBound(30*time.Second, "doomed")
+	var failed *v1.Pod
+	e.waitFor(30*time.Second, "pod doomed to be marked Failed", func() (bool, error) {
+		var err error
+		failed, err = e.client.CoreV1().Pods(e.ns).Get(e.tCtx, "doomed", metav1.GetOptions{})
+		return err == nil && failed.Status.Phase == v1.PodFailed, err
+	})
+	if failed.Status.Reason != publish.ReasonMIGSliceUnavailable || !strings.Contains(failed.Status.Message, "the driver is out of memory for instances") {
+		t.Errorf("failed pod's status %+v, want reason %s with the driver's error", failed.Status, publish.ReasonMIGSliceUnavailable)
+	}
+	// Its place is free again: the next pod gets the card's 7g.40gb slice.
+	backend.SetMIGFailure("")
+	slicePod("next")
+	next := assignment(t, e.waitBound(30*time.Second, "next")["next"]).Containers["main"][0]
+	if next.MIG == nil || next.MIG.Profile != "7g.40gb" {
+		t.Errorf("next got %+v, want the 7g.40gb slice the failed pod held", next.MIG)
+	}
+	e.waitSlices(node, "0:7g.40gb@0")
 }
