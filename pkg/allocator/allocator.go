@@ -63,8 +63,9 @@ type Card struct {
 	// Healthy is false for a card (or slice) that must get no new work.
 	Healthy bool
 	// MIG marks a card in MIG mode: its UUID gives a container no usable
-	// device, so only its slices take pods.
-	MIG bool
+	// device, so only its slices take pods. MIGDynamic marks one whose
+	// slices are made as pods need them.
+	MIG, MIGDynamic bool
 	// Slice, when set, makes this entry one MIG slice of a card in MIG mode
 	// (which precedes it): Index, Model and UUIDLower are the card's, UUID
 	// is the slice's SliceKey and Capacity the slice's memory and the whole
@@ -196,6 +197,7 @@ func NewCard(c gpuinfo.Card) Card {
 		Capacity:   Usage{MemoryMiB: c.MemoryMiB, Cores: c.Cores},
 		Healthy:    c.Healthy,
 		MIG:        c.MIGEnabled,
+		MIGDynamic: c.MIG != nil && c.MIG.Dynamic,
 	}
 }
 

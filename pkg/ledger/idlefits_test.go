@@ -19,7 +19,8 @@ import (
 
 // TestIdleFitsAnswerAsPlacing: with a pod's IdleFits, FitCurrent answers
 // every node — idle ones of several kinds, a busy one, one with a card out of
-// service (most of its cards), one with a card whose UUID the request excludes — exactly as
+// service (most of its cards), one with a card whose UUID the request
+// excludes, nodes of MIG slices, static and dynamic — exactly as
 // placing the pod on it does (FitCurrent without IdleFits), from Filter's 16
 // goroutines at once.
 func TestIdleFitsAnswerAsPlacing(t *testing.T) {
@@ -44,6 +45,16 @@ func TestIdleFitsAnswerAsPlacing(t *testing.T) {
 	}
 	add("sick", sick)
 	add("busy", testutil.Inventory("busy", "A100", 81920, 8))
+	// Two nodes of one MIG layout, and a dynamic one (no kind: its layout
+	// changes with its pods).
+	for _, name := range []string{"mig0", "mig1"} {
+		add(name, testutil.MIGInventory(name, []string{"3g.20gb@0", "1g.5gb@6"}, []string{"2g.10gb@0"}, nil))
+	}
+	dynamic := testutil.MIGInventory("dyn", []string{}, []string{"3g.20gb@4"})
+	for i := range dynamic.Cards {
+		dynamic.Cards[i].MIG.Dynamic = true
+	}
+	add("dyn", dynamic)
 	busy := &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "c", Count: 1, MemoryMiB: 1000, Cores: 10}}}
 	if _, err := l.Reserve(types.UID("on-busy"), "busy", orderOf(busy), busy, nil, allocator.Strategy{Policy: allocator.Binpack}); err != nil {
 		t.Fatal(err)
@@ -52,6 +63,14 @@ func TestIdleFitsAnswerAsPlacing(t *testing.T) {
 	r := rand.New(rand.NewSource(1))
 	for range 200 {
 		req := randomRequest(r)
+		if r.Intn(3) == 0 {
+			iso := []gpuinfo.Isolation{gpuinfo.OwnMIGSlice, gpuinfo.MIGSliceShare}[r.Intn(2)]
+			c := gpuinfo.ContainerRequest{Name: "c", Count: 1, MemoryMiB: int64(1 + r.Intn(40000))}
+			if iso == gpuinfo.OwnMIGSlice {
+				c.Cores = gpuinfo.FullCores
+			}
+			req = &gpuinfo.PodRequest{Isolation: iso, Containers: []gpuinfo.ContainerRequest{c}}
+		}
 		if r.Intn(4) == 0 {
 			req.Selector.ExcludeUUIDs = []string{"gpu-n1-0"}
 		}

@@ -207,9 +207,15 @@ func (l *Ledger) rechargeLocked(n *node) {
 }
 
 // kindOf numbers the kind of node that has these cards: their models,
-// capacities, health, MIG mode and slices in index order — all that a placement
+// capacities, health, MIG mode and slices in index order; 0 (no kind) for a
+// node with a dynamic card — all that a placement
 // without UUID selectors sees of an idle node.
 func (l *Ledger) kindOf(cards []allocator.Card) uint32 {
+	if slices.ContainsFunc(cards, func(c allocator.Card) bool { return c.MIGDynamic }) {
+		// A dynamic card's layout changes with its pods: numbering every
+		// layout seen would grow the table without bound.
+		return 0
+	}
 	var b strings.Builder
 	for _, c := range cards {
 		fmt.Fprintf(&b, "%s/%d/%d/%t/%t", c.ModelLower, c.Capacity.MemoryMiB, c.Capacity.Cores, c.Healthy, c.MIG)
