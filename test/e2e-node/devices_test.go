@@ -64,12 +64,19 @@ func TestCDIAnnotations(t *testing.T) {
 		{"its own card", "sharer", shareBox, fmt.Sprint("nvidia.com/gpu=", assigned), ""},
 	} {
 		_, err := createAsKubeletWith(tCtx, tc.sb, pods[tc.pod], "main", extra{annotations: map[string]string{"cdi.k8s.io/tenant": tc.annotation}})
-		switch {
-		case tc.wantErr == "" && err != nil:
-			t.Errorf("%s: %v", tc.what, err)
-		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-			t.Errorf("%s: CreateContainer returned %v, want the agent's refusal %q", tc.what, err, tc.wantErr)
-		}
+		checkRefusal(t, tc.what, err, tc.wantErr)
+	}
+}
+
+// checkRefusal checks a CreateContainer's answer: success when wantErr is
+// empty, else the agent's refusal containing wantErr.
+func checkRefusal(t *testing.T, what string, err error, wantErr string) {
+	t.Helper()
+	switch {
+	case wantErr == "" && err != nil:
+		t.Errorf("%s: %v", what, err)
+	case wantErr != "" && (err == nil || !strings.Contains(err.Error(), wantErr)):
+		t.Errorf("%s: CreateContainer returned %v, want the agent's refusal %q", what, err, wantErr)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -72,12 +71,7 @@ func TestMIGSlice(t *testing.T) {
 		{"its own slice", fmt.Sprintf("nvidia.com/gpu=%d:0", migCard), ""},
 	} {
 		_, err := createAsKubeletWith(tCtx, box, pods["mig-probe"], "main", extra{annotations: map[string]string{"cdi.k8s.io/tenant": tc.device}})
-		switch {
-		case tc.wantErr == "" && err != nil:
-			t.Errorf("%s: %v", tc.what, err)
-		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
-			t.Errorf("%s: CreateContainer returned %v, want the agent's refusal %q", tc.what, err, tc.wantErr)
-		}
+		checkRefusal(t, tc.what, err, tc.wantErr)
 	}
 }
 
