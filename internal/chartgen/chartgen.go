@@ -1,7 +1,8 @@
 // Package chartgen generates Tessera's Helm chart (charts/tessera) from its
 // kustomize manifests, so that the chart is never a second copy to keep in
 // step by hand: every object of the base becomes a template, each overlay's
-// changes become conditions on a value (dra, hamiNames, gangScheduling), the
+// changes become conditions on a value (dra, hamiNames, gangScheduling,
+// dynamicMIG), the
 // monitoring kustomization becomes monitoring.enabled, and the fields an
 // operator sets per install (namespace, images, replicas, profiles,
 // scheduling, resources) become values whose defaults are what the base
@@ -33,6 +34,7 @@ var overlays = []overlay{
 	{dir: "overlays/dra", cond: "$.Values.dra.enabled"},
 	{dir: "overlays/hami-names", cond: "$.Values.hamiNames.enabled"},
 	{dir: "overlays/gang-scheduling", cond: "$.Values.gangScheduling.enabled"},
+	{dir: "overlays/dynamic-mig", cond: "$.Values.dynamicMIG.enabled"},
 }
 
 // The monitoring kustomization (Prometheus Operator objects, the dashboard).

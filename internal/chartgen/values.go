@@ -219,6 +219,11 @@ hamiNames:
 # serve scheduling.k8s.io/v1beta1 with the GenericWorkload gate on).
 gangScheduling:
   enabled: false
+# manifests/overlays/dynamic-mig: the agents make and destroy the MIG slices
+# of every card in MIG mode as pods need them (docs/mig.md); cards NVIDIA's
+# MIG manager owns must not be on such nodes.
+dynamicMIG:
+  enabled: false
 # manifests/monitoring: alerts, ServiceMonitors and the Grafana dashboard
 # (the Prometheus Operator's CRDs must be installed).
 monitoring:
@@ -324,6 +329,7 @@ func valuesSchema(profiles []string) map[string]any {
 			"dra":            toggle,
 			"hamiNames":      toggle,
 			"gangScheduling": toggle,
+			"dynamicMIG":     toggle,
 			"monitoring":     toggle,
 		},
 		"additionalProperties": false,

@@ -23,6 +23,7 @@ func TestChartMatchesKustomize(t *testing.T) {
 		{name: "dra", values: map[string]any{"dra": on}, kustomize: []string{"overlays/dra"}},
 		{name: "hamiNames", values: map[string]any{"hamiNames": on}, kustomize: []string{"overlays/hami-names"}},
 		{name: "gangScheduling", values: map[string]any{"gangScheduling": on}, kustomize: []string{"overlays/gang-scheduling"}},
+		{name: "dynamicMIG", values: map[string]any{"dynamicMIG": on}, kustomize: []string{"overlays/dynamic-mig"}},
 		{name: "monitoring", values: map[string]any{"monitoring": on}, kustomize: []string{".", "monitoring"}},
 	}
 	for _, tc := range tests {
