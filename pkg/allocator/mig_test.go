@@ -366,3 +366,40 @@ func BenchmarkPlaceMIG(b *testing.B) {
 		})
 	}
 }
+
+// h100Profiles are an H100 80GB's plain MIG profiles, placements as NVIDIA's
+// MIG user guide lists them (memory as go-nvml's mock reports it).
+var h100Profiles = []gpuinfo.MIGProfile{
+	{Name: "1g.10gb", Slices: 1, Size: 1, MemoryMiB: 10240, Starts: []int{0, 1, 2, 3, 4, 5, 6}},
+	{Name: "1g.20gb", Slices: 1, Size: 2, MemoryMiB: 20480, Starts: []int{0, 2, 4, 6}},
+	{Name: "2g.20gb", Slices: 2, Size: 2, MemoryMiB: 20480, Starts: []int{0, 2, 4}},
+	{Name: "3g.40gb", Slices: 3, Size: 4, MemoryMiB: 40960, Starts: []int{0, 4}},
+	{Name: "4g.40gb", Slices: 4, Size: 4, MemoryMiB: 40960, Starts: []int{0}},
+	{Name: "7g.80gb", Slices: 7, Size: 8, MemoryMiB: 81920, Starts: []int{0}},
+}
+
+// TestDynamicMIGPlacementH100: the same rules on an H100's profiles: among
+// equal memory the fewest compute slices (1g.20gb before 2g.20gb), placed
+// where it rules out the fewest others (slot 6), so that the 4g.40gb, which
+// starts only at 0, still fits; then a 1g.10gb in what is left, and no room
+// for a 3g.40gb.
+func TestDynamicMIGPlacementH100(t *testing.T) {
+	inv := testutil.Inventory("h", "NVIDIA H100 80GB HBM3", 81920, 1)
+	inv.Version = gpuinfo.InventoryVersion2
+	inv.Cards[0].MIGEnabled = true
+	inv.Cards[0].MIG = &gpuinfo.MIG{Dynamic: true, Slots: 8, Profiles: h100Profiles, Instances: []gpuinfo.MIGInstance{}}
+	if err := inv.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	named := func(profile string) *gpuinfo.PodRequest {
+		r := migRequest(gpuinfo.OwnMIGSlice, 0)
+		r.MIGProfile = profile
+		return r
+	}
+	got := placeAll(allocator.NewCards(inv), allocator.Binpack,
+		migRequest(gpuinfo.OwnMIGSlice, 15000), named("4g.40gb"), migRequest(gpuinfo.OwnMIGSlice, 9000), named("3g.40gb"))
+	want := []string{"0:1g.20gb@6", "0:4g.40gb@0", "0:1g.10gb@4", "pending"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("placements (-want,+got):\n%s", diff)
+	}
+}
