@@ -36,17 +36,6 @@ const HAMiModeAnnotation = "nvidia.com/vgpu-mode"
 // MIG reports whether the request is for MIG slices or shares of them.
 func (i Isolation) MIG() bool { return i != SharedCard }
 
-// String returns the annotation value ("" for SharedCard).
-func (i Isolation) String() string {
-	switch i {
-	case OwnMIGSlice:
-		return IsolationMIG
-	case MIGSliceShare:
-		return IsolationMIGShared
-	}
-	return ""
-}
-
 // parseIsolation reads the pod's IsolationAnnotation and checks its GPU
 // containers against it: a MIG container gets one slice (a process sees one
 // MIG device), in MiB rather than a percentage; a slice of one's own is held
