@@ -279,3 +279,38 @@ func TestMIGSliceFailureFailsThePod(t *testing.T) {
 	}
 	e.waitSlices(node, "0:7g.40gb@0")
 }
+
+// TestMIGWithAnAgentOfVersion1: an agent kept at inventory version 1
+// (--inventory-version=1, as during an upgrade) publishes its card in MIG
+// mode without slices: the new scheduler reads the node, places shares on
+// its whole card, and keeps MIG pods off the card in MIG mode, saying why.
+func TestMIGWithAnAgentOfVersion1(t *testing.T) {
+	e := newEnv(t)
+	node, a := e.quietNode("v1", "A100-80GB,1xA100-40GB:mig=1g.5gb", 1, nil)
+	a.InventoryVersion = gpuinfo.InventoryVersion1
+	if err := a.Once(e.tCtx); err != nil {
+		t.Fatal(err)
+	}
+	n, err := e.client.CoreV1().Nodes().Get(e.tCtx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inv, err := gpuinfo.DecodeInventory(n.Annotations[gpuinfo.InventoryAnnotation]); err != nil || inv.Version != 1 || inv.Cards[1].MIG != nil || !inv.Cards[1].MIGEnabled {
+		t.Fatalf("the agent published %v (%v), want version 1 with card 1 in MIG mode and no slices", n.Annotations[gpuinfo.InventoryAnnotation], err)
+	}
+	ctx, cancel := context.WithCancel(e.tCtx)
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	e.tCtx.Cleanup(func() { cancel(); <-done })
+	e.startScheduler()
+	e.create(e.podSpec("share", "tessera-binpack", share4GiB30))
+	if got := placementOf(t, e.waitBound(30*time.Second, "share")["share"]); got.Node != node || !cmp.Equal(got.Cards, []int{0}) {
+		t.Errorf("the share went to %+v, want card 0 of %s", got, node)
+	}
+	slice := e.podSpec("slice", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 4000})
+	slice.Annotations = map[string]string{gpuinfo.IsolationAnnotation: "mig"}
+	e.create(slice)
+	if msg := e.waitUnschedulable("slice"); !strings.Contains(msg, "no GPU in MIG mode with a healthy slice") {
+		t.Errorf("pending message %q does not say that no card offers a slice", msg)
+	}
+}
