@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -65,7 +64,7 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 				}
 				uuid, slice := c.UUID, ""
 				if c.Slice != nil {
-					uuid, slice = c.Slice.DeviceUUID, sliceLabel(c.Slice.Profile, c.Slice.Start)
+					uuid, slice = c.Slice.DeviceUUID, c.Slice.Name()
 				}
 				list.Items = append(list.Items, CardStatus{
 					Node: n.Name, Card: c.Index, UUID: uuid, Slice: slice, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG, Claims: n.Claims,
@@ -103,7 +102,7 @@ func runNodes(ctx context.Context, g *globals, client kubernetes.Interface) erro
 			}
 			gpu, uuid := fmt.Sprint(c.Index), c.UUID
 			if c.Slice != nil {
-				gpu, uuid = fmt.Sprintf("%d/%s", c.Index, sliceLabel(c.Slice.Profile, c.Slice.Start)), c.Slice.DeviceUUID
+				gpu, uuid = fmt.Sprintf("%d/%s", c.Index, c.Slice.Name()), c.Slice.DeviceUUID
 			}
 			cells := []string{n.Name, gpu, n.Model(c)}
 			if wide {
@@ -186,12 +185,6 @@ func health(c allocator.Card, agent string) string {
 		s += ", " + agent
 	}
 	return s
-}
-
-// sliceLabel names a MIG slice in tables: its profile and start slot,
-// "3g.40gb@4".
-func sliceLabel(profile string, start int) string {
-	return profile + "@" + strconv.Itoa(start)
 }
 
 func podsCell(holders []fleet.PodRef) string {

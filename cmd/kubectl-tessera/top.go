@@ -151,11 +151,11 @@ func sortedKeys(m map[string]bool) []string {
 	return keys
 }
 
-// entrySlice labels an assignment entry's MIG slice (sliceLabel); "" for a
-// card.
+// entrySlice names an assignment entry's MIG slice (gpuinfo.SliceName); ""
+// for a card.
 func entrySlice(e gpuinfo.CardAssignment) string {
 	if e.MIG == nil {
 		return ""
 	}
-	return sliceLabel(e.MIG.Profile, e.MIG.Start)
+	return gpuinfo.SliceName(e.MIG.Profile, e.MIG.Start)
 }

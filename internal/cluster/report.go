@@ -61,7 +61,7 @@ func WriteTable(ctx context.Context, client kubernetes.Interface, w io.Writer) e
 			}
 			gpu := strconv.Itoa(c.Index)
 			if c.Slice != nil {
-				gpu += "/" + c.Slice.Profile + "@" + strconv.Itoa(c.Slice.Start)
+				gpu += "/" + c.Slice.Name()
 			}
 			if c.MIG {
 				// Its slices, on the next rows, hold its pods.

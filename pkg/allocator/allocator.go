@@ -93,6 +93,9 @@ type Slice struct {
 	DeviceUUID string
 }
 
+// Name is the slice's gpuinfo.SliceName.
+func (sl *Slice) Name() string { return gpuinfo.SliceName(sl.Profile, sl.Start) }
+
 // Exists reports whether the slice is a MIG device now, rather than a
 // placement the agent of a dynamic card would create.
 func (sl *Slice) Exists() bool { return sl.DeviceUUID != "" }

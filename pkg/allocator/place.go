@@ -455,30 +455,27 @@ func Charge(cards []Card, order []gpuinfo.NamedContainer, a *gpuinfo.Assignment)
 
 // Holds reports whether a placement already chosen still fits: every card it
 // charges (charge, parallel to cards, as Charge returns) is healthy and has
-// that much free, after used and deltas.
+// that much free, after used and deltas, and a MIG slice to create has its
+// slots free (the same rules as Place).
 func Holds(cards []Card, used []Usage, deltas []Delta, charge []Usage) bool {
-	var occupied [gpuinfo.MaxCardsPerNode]uint32
-	free := make([]Usage, len(cards))
+	s := scratchPool.Get().(*scratch)
+	defer scratchPool.Put(s)
+	s.size(len(cards))
 	for i := range cards {
-		free[i] = cards[i].Capacity.sub(used[i])
+		s.free[i] = cards[i].Capacity.sub(used[i])
 		for _, d := range deltas {
 			if d.UUID == cards[i].UUID {
-				free[i] = free[i].sub(d.Usage)
+				s.free[i] = s.free[i].sub(d.Usage)
 			}
 		}
-		if sl := cards[i].Slice; sl != nil && (sl.Exists() || free[i] != cards[i].Capacity) {
-			occupied[cards[i].Index] |= sl.Mask
-		}
 	}
+	s.occupy(cards)
 	for i := range cards {
 		if charge[i] == (Usage{}) {
 			continue
 		}
-		if !cards[i].Healthy || cards[i].MIG || !free[i].covers(charge[i]) {
-			return false
-		}
 		// A slice to create needs slots no other slice takes.
-		if sl := cards[i].Slice; sl != nil && !sl.Exists() && free[i] == cards[i].Capacity && occupied[cards[i].Index]&sl.Mask != 0 {
+		if !cards[i].Healthy || cards[i].MIG || !s.free[i].covers(charge[i]) || !s.placeable(cards, i) {
 			return false
 		}
 	}

@@ -54,10 +54,14 @@ type MIGSlice struct {
 	UUID string `json:"uuid,omitempty"`
 }
 
-// SliceKey is how the ledger names a card's MIG slice: the card's UUID, its
-// profile and its start slot.
+// SliceName names a MIG slice on its card: its profile and start slot,
+// "3g.40gb@4".
+func SliceName(profile string, start int) string { return profile + "@" + strconv.Itoa(start) }
+
+// SliceKey is how the ledger names a card's MIG slice: the card's UUID and
+// the slice's SliceName.
 func SliceKey(cardUUID, profile string, start int) string {
-	return cardUUID + "/" + profile + "@" + strconv.Itoa(start)
+	return cardUUID + "/" + SliceName(profile, start)
 }
 
 // Key is the name of what the entry charges in the ledger: the card's UUID,

@@ -220,7 +220,7 @@ func (l *Ledger) kindOf(cards []allocator.Card) uint32 {
 	for _, c := range cards {
 		fmt.Fprintf(&b, "%s/%d/%d/%t/%t", c.ModelLower, c.Capacity.MemoryMiB, c.Capacity.Cores, c.Healthy, c.MIG)
 		if c.Slice != nil {
-			fmt.Fprintf(&b, "/%s@%d", c.Slice.Profile, c.Slice.Start)
+			b.WriteString("/" + c.Slice.Name())
 		}
 		b.WriteByte(';')
 	}

@@ -119,7 +119,7 @@ func (c *collector) CollectWithStability(ch chan<- metrics.Metric) {
 				allocated += float64(card.Used.MemoryMiB)
 			}
 			if card.Slice != nil {
-				labels := []string{node, strconv.Itoa(card.Index), card.Model, card.Slice.Profile + "@" + strconv.Itoa(card.Slice.Start)}
+				labels := []string{node, strconv.Itoa(card.Index), card.Model, card.Slice.Name()}
 				ch <- metrics.NewLazyConstMetric(sliceMemoryCapacity, metrics.GaugeValue, float64(card.Capacity.MemoryMiB), labels...)
 				ch <- metrics.NewLazyConstMetric(sliceMemoryAllocated, metrics.GaugeValue, float64(card.Used.MemoryMiB), labels...)
 				ch <- metrics.NewLazyConstMetric(slicePods, metrics.GaugeValue, float64(card.Pods), labels...)
