@@ -38,14 +38,9 @@ func TestMIGStaticSlices(t *testing.T) {
 	migNode := e.node("mig", migCard, 1, nil)
 	plain := e.node("plain", cluster.A100, 1, nil)
 	e.startScheduler()
-	slicePod := func(name, isolation string, memoryMiB int64) {
-		pod := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": memoryMiB})
-		pod.Annotations = map[string]string{gpuinfo.IsolationAnnotation: isolation}
-		e.create(pod)
-	}
-	slicePod("own", "mig", 8000)
-	slicePod("share-a", "mig-shared", 2000)
-	slicePod("share-b", "mig-shared", 2000)
+	e.create(e.migPod("own", "mig", 8000))
+	e.create(e.migPod("share-a", "mig-shared", 2000))
+	e.create(e.migPod("share-b", "mig-shared", 2000))
 	e.create(e.podSpec("whole-card-share", "tessera-binpack", share4GiB30))
 	bound := e.waitBound(30*time.Second, "own", "share-a", "share-b", "whole-card-share")
 	type got struct {
@@ -74,12 +69,26 @@ func TestMIGStaticSlices(t *testing.T) {
 	if a := assignment(t, bound["own"]); a.Version != gpuinfo.AssignmentVersion2 {
 		t.Errorf("a MIG assignment has version %d, want 2", a.Version)
 	}
-	slicePod("too-big", "mig", 30000)
+	e.create(e.migPod("too-big", "mig", 30000))
 	if msg := e.waitUnschedulable("too-big"); !strings.Contains(msg, "GPUs: the pod needs 1 MIG slice with 30000 MiB") ||
 		!strings.Contains(msg, "1 node with at most 19968 MiB in a free MIG slice") {
 		t.Errorf("pending message %q does not say that no free slice holds 30000 MiB", msg)
 	}
 	e.checkNoOvercommit(t)
+}
+
+// migPod is a binpack pod asking for memoryMiB with the isolation given
+// (tessera.io/gpu-isolation: mig or mig-shared).
+func (e *env) migPod(name, isolation string, memoryMiB int64) *v1.Pod {
+	pod := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": memoryMiB})
+	pod.Annotations = map[string]string{gpuinfo.IsolationAnnotation: isolation}
+	return pod
+}
+
+// prioritizedAs gives pod the priority class.
+func prioritizedAs(pod *v1.Pod, class string) *v1.Pod {
+	pod.Spec.PriorityClassName = class
+	return pod
 }
 
 // migInstances reads the node's published slices, "CARD:PROFILE@START" each.
@@ -126,18 +135,15 @@ func TestMIGDynamicSlices(t *testing.T) {
 	e := newEnv(t)
 	dyn := e.node("dyn", "A100-40GB:mig-dynamic=", 1, nil)
 	e.startScheduler()
-	slicePod := func(name string, annotations map[string]string, memoryMiB int64) {
-		pod := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": memoryMiB})
-		pod.Annotations = annotations
-		e.create(pod)
-	}
-	slicePod("small", map[string]string{gpuinfo.IsolationAnnotation: "mig"}, 4000)
+	e.create(e.migPod("small", "mig", 4000))
 	small := assignment(t, e.waitBound(30*time.Second, "small")["small"]).Containers["main"][0]
 	if small.MIG == nil || small.MIG.Profile != "1g.5gb" || small.MIG.Start != 6 || small.MIG.UUID != "" {
 		t.Fatalf("small got %+v, want a 1g.5gb slice to create at slot 6", small.MIG)
 	}
 	e.waitSlices(dyn, "0:1g.5gb@6")
-	slicePod("large", map[string]string{gpuinfo.IsolationAnnotation: "mig", gpuinfo.MIGProfileAnnotation: "4g.20gb"}, 16000)
+	named := e.migPod("large", "mig", 16000)
+	named.Annotations[gpuinfo.MIGProfileAnnotation] = "4g.20gb"
+	e.create(named)
 	large := assignment(t, e.waitBound(30*time.Second, "large")["large"]).Containers["main"][0]
 	if large.MIG == nil || large.MIG.Profile != "4g.20gb" || large.MIG.Start != 0 {
 		t.Fatalf("large got %+v, want 4g.20gb at slot 0 (first-fit would have blocked it)", large.MIG)
@@ -217,16 +223,11 @@ func TestMIGPreemptionFreesTheRightSlice(t *testing.T) {
 	e.node("mig", "A100-40GB:mig=2g.10gb@0+1g.5gb@6", 1, nil)
 	e.startScheduler()
 	k := e.startKubelet()
-	slicePod := func(name, class, isolation string, memoryMiB int64) {
-		pod := e.prioritized(name, class, map[string]int64{"tessera.io/gpu-memory": memoryMiB})
-		pod.Annotations = map[string]string{gpuinfo.IsolationAnnotation: isolation}
-		e.create(pod)
-	}
-	slicePod("small", lowPriority, "mig", 4000)
-	slicePod("share-a", lowPriority, "mig-shared", 4000)
-	slicePod("share-b", lowPriority, "mig-shared", 4000)
+	e.create(prioritizedAs(e.migPod("small", "mig", 4000), lowPriority))
+	e.create(prioritizedAs(e.migPod("share-a", "mig-shared", 4000), lowPriority))
+	e.create(prioritizedAs(e.migPod("share-b", "mig-shared", 4000), lowPriority))
 	e.waitBound(30*time.Second, "small", "share-a", "share-b")
-	slicePod("urgent", highPriority, "mig", 8000)
+	e.create(prioritizedAs(e.migPod("urgent", "mig", 8000), highPriority))
 	urgent := assignment(t, e.waitBound(60*time.Second, "urgent")["urgent"]).Containers["main"][0]
 	if urgent.MIG == nil || urgent.MIG.Profile != "2g.10gb" || urgent.MIG.Start != 0 {
 		t.Errorf("urgent got %+v, want the 2g.10gb slice", urgent.MIG)
@@ -254,12 +255,7 @@ func TestMIGSliceFailureFailsThePod(t *testing.T) {
 	go func() { defer close(done); a.Run(ctx) }()
 	e.tCtx.Cleanup(func() { cancel(); <-done })
 	e.startScheduler()
-	slicePod := func(name string) {
-		pod := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 30000})
-		pod.Annotations = map[string]string{gpuinfo.IsolationAnnotation: "mig"}
-		e.create(pod)
-	}
-	slicePod("doomed")
+	e.create(e.migPod("doomed", "mig", 30000))
 	e.waitBound(30*time.Second, "doomed")
 	var failed *v1.Pod
 	e.waitFor(30*time.Second, "pod doomed to be marked Failed", func() (bool, error) {
@@ -272,7 +268,7 @@ func TestMIGSliceFailureFailsThePod(t *testing.T) {
 	}
 	// Its place is free again: the next pod gets the card's 7g.40gb slice.
 	backend.SetMIGFailure("")
-	slicePod("next")
+	e.create(e.migPod("next", "mig", 30000))
 	next := assignment(t, e.waitBound(30*time.Second, "next")["next"]).Containers["main"][0]
 	if next.MIG == nil || next.MIG.Profile != "7g.40gb" {
 		t.Errorf("next got %+v, want the 7g.40gb slice the failed pod held", next.MIG)
@@ -307,9 +303,7 @@ func TestMIGWithAnAgentOfVersion1(t *testing.T) {
 	if got := placementOf(t, e.waitBound(30*time.Second, "share")["share"]); got.Node != node || !cmp.Equal(got.Cards, []int{0}) {
 		t.Errorf("the share went to %+v, want card 0 of %s", got, node)
 	}
-	slice := e.podSpec("slice", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 4000})
-	slice.Annotations = map[string]string{gpuinfo.IsolationAnnotation: "mig"}
-	e.create(slice)
+	e.create(e.migPod("slice", "mig", 4000))
 	if msg := e.waitUnschedulable("slice"); !strings.Contains(msg, "no GPU in MIG mode with a healthy slice") {
 		t.Errorf("pending message %q does not say that no card offers a slice", msg)
 	}
