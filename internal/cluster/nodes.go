@@ -88,7 +88,7 @@ func serveSlices(ctx context.Context, a *agent.Agent, backend *discovery.Simulat
 		return err
 	}
 	m := a.ServeSlices(ctx, backend)
-	pods, err := nri.PodsOnNode(ctx, client, node, m.Wake)
+	pods, err := nri.PodsOnNode(ctx, client, node, m.PodChanged)
 	if err != nil {
 		return err
 	}

@@ -57,6 +57,19 @@ func (m *Manager) Wake() {
 	}
 }
 
+// PodChanged wakes the manager for a pod of the node that changed, if its
+// assignment gives a MIG slice (or the pod is not known: nil).
+func (m *Manager) PodChanged(pod *v1.Pod) {
+	if pod == nil {
+		m.Wake()
+		return
+	}
+	a, err := gpuinfo.DecodeAssignment(pod.Annotations[gpuinfo.AssignmentAnnotation])
+	if err == nil && a.NeededVersion() == gpuinfo.AssignmentVersion2 {
+		m.Wake()
+	}
+}
+
 // Changes delivers Wake's requests.
 func (m *Manager) Changes() <-chan struct{} { return m.wake }
 

@@ -111,3 +111,33 @@ func TestWake(t *testing.T) {
 	default:
 	}
 }
+
+// TestPodChanged: only a pod holding a slice, or one not known, asks for a
+// pass; a pod of whole cards or without GPUs does not.
+func TestPodChanged(t *testing.T) {
+	woke := func(pod *v1.Pod) bool {
+		m := New(nil, nil)
+		m.PodChanged(pod)
+		select {
+		case <-m.Changes():
+			return true
+		default:
+			return false
+		}
+	}
+	whole := st.MakePod().Name("whole").Annotation(gpuinfo.AssignmentAnnotation, `{"version":1,"containers":{"c":[{"index":0,"uuid":"GPU-0","memoryMiB":1024,"cores":10}]}}`).Obj()
+	for _, tc := range []struct {
+		name string
+		pod  *v1.Pod
+		want bool
+	}{
+		{"a slice", slicePod("s", 0, "1g.5gb", 6), true},
+		{"a share of a whole card", whole, false},
+		{"no GPUs", st.MakePod().Name("plain").Obj(), false},
+		{"unknown (a missed deletion)", nil, true},
+	} {
+		if got := woke(tc.pod); got != tc.want {
+			t.Errorf("%s: woke %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -521,14 +521,18 @@ func WatchPodsOnNode(ctx context.Context, client kubernetes.Interface, node stri
 // node agent's one watch of its pods serves enforcement, metrics and the MIG
 // slices. It holds the pods that have not finished (a pod leaves the watch
 // when it succeeds or fails), each cut to what the agent reads (SlimPod).
-// onChange, when set, is called after each change the watch delivers.
-func PodsOnNode(ctx context.Context, client kubernetes.Interface, node string, onChange func()) (corelisters.PodLister, error) {
+// onChange, when set, is told each pod the watch delivers a change of (nil
+// when a deletion was missed and the pod is not known).
+func PodsOnNode(ctx context.Context, client kubernetes.Interface, node string, onChange func(*v1.Pod)) (corelisters.PodLister, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = podsOnNode(node)
 	}), informers.WithTransform(SlimPod))
 	informer := factory.Core().V1().Pods()
 	if onChange != nil {
-		changed := func(any) { onChange() }
+		changed := func(obj any) {
+			pod, _ := obj.(*v1.Pod)
+			onChange(pod)
+		}
 		if _, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc: changed, UpdateFunc: func(_, obj any) { changed(obj) }, DeleteFunc: changed,
 		}); err != nil {

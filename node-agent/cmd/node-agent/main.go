@@ -81,7 +81,7 @@ func main() {
 	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
 	migCaps := flag.String("mig-capabilities", enforce.MIGMinorsPath, "the driver's list of MIG capability devices (name and minor number of each): a container gets only its own MIG slices' capability devices (/dev/nvidia-caps/)")
 	dynamicMIG := flag.String("dynamic-mig-cards", "", "cards in MIG mode whose slices Tessera creates and destroys as the pods placed there need them: all, or comma-separated card indices; empty (the default) leaves every card's slices as the operator made them. Never name a card NVIDIA's MIG manager or DRA driver also manages (docs/mig.md)")
-	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion, "the newest inventory version published: 2 publishes version 2 on nodes with cards in MIG mode, whose slices need it, and version 1 elsewhere; 1 keeps every node readable by schedulers before release 0.2 (cards in MIG mode then take no pods). Upgrade the scheduler first (docs/install.md)")
+	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion, "the newest inventory version published: 2 publishes version 2 on nodes with cards in MIG mode, whose slices need it, and version 1 elsewhere; 1 keeps every node readable by schedulers from before MIG support (cards in MIG mode then take no pods). Upgrade the scheduler first (docs/install.md)")
 	printVersion := flag.Bool("version", false, "print Tessera's version and exit")
 	flag.Parse()
 	if *printVersion {
@@ -282,9 +282,9 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		go func() {
 			// The pods bound to this node, as the API server has them: one
 			// watch for enforcement, metrics and the MIG slices.
-			var changed func()
+			var changed func(*v1.Pod)
 			if a.Slices != nil {
-				changed = a.Slices.Wake
+				changed = a.Slices.PodChanged
 			}
 			pods, err := nri.PodsOnNode(ctx, client, nodeName, changed)
 			if err != nil {
