@@ -102,10 +102,17 @@ func serveSlices(ctx context.Context, a *agent.Agent, backend *discovery.Simulat
 // once, so the node's ResourceSlice is written. The returned agent keeps
 // the heartbeat going when Run; the driver stops with ctx.
 func (cp *ControlPlane) AddDRANode(ctx context.Context, name string, spec CardSpec, count int, dir string) (*agent.Agent, *dra.Driver, error) {
+	return cp.AddDRANodeOf(ctx, name, fmt.Sprintf("%dx%s", count, spec), dir)
+}
+
+// AddDRANodeOf is AddDRANode with the cards of a simulated backend's spec
+// (discovery.Simulated), MIG slices included: the driver makes and unmakes
+// the slices of dynamic cards.
+func (cp *ControlPlane) AddDRANodeOf(ctx context.Context, name, gpus, dir string) (*agent.Agent, *dra.Driver, error) {
 	if _, err := CreateNode(ctx, cp.Client, name, nil); err != nil {
 		return nil, nil, err
 	}
-	backend, err := discovery.NewSimulated(name, fmt.Sprintf("%dx%s", count, spec))
+	backend, err := discovery.NewSimulated(name, gpus)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -123,7 +130,7 @@ func (cp *ControlPlane) AddDRANode(ctx context.Context, name string, spec CardSp
 	if err := os.MkdirAll(enforcement.Paths.HostCacheDir, 0o755); err != nil {
 		return nil, nil, err
 	}
-	driver := &dra.Driver{Node: name, Enforce: enforcement, CDIDir: filepath.Join(dir, "cdi")}
+	driver := &dra.Driver{Node: name, Enforce: enforcement, CDIDir: filepath.Join(dir, "cdi"), MIG: backend}
 	if err := driver.Start(ctx, client, dra.Options{PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry")}); err != nil {
 		return nil, nil, err
 	}

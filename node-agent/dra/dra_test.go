@@ -241,7 +241,7 @@ func TestUnprepare(t *testing.T) {
 // card in index order, capacities with the extended resources' ranges and
 // defaults of a whole card, and a taint on the card out of service.
 func TestResources(t *testing.T) {
-	res := resources(node, testCards)
+	res := resources(node, testCards, nil)
 	pool, ok := res.Pools[node]
 	if !ok || len(pool.Slices) != 1 {
 		t.Fatalf("pools %+v, want one slice in pool %s", res.Pools, node)

@@ -23,6 +23,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -46,9 +47,19 @@ type Driver struct {
 	// CDI spec directory, /var/run/cdi).
 	CDIDir string
 
+	// MIG, when set, creates and destroys the slices of the dynamic cards
+	// (discovery.Card.MIGDynamic) as prepared claims hold them; without it
+	// a dynamic card offers no placements.
+	MIG MIGBackend
+
 	mu sync.Mutex
 	// cards are the last scan's cards by device name.
 	cards map[string]discovery.Card
+	// owned are the dynamic cards' slices that prepared claims made, and
+	// the claim of each.
+	owned map[sliceKey]types.UID
+	// cutting serialises the making and unmaking of slices.
+	cutting sync.Mutex
 	// published is what was last handed to the helper.
 	published *resourceslice.DriverResources
 	helper    *kubeletplugin.Helper
@@ -72,6 +83,11 @@ type Options struct {
 func (d *Driver) Start(ctx context.Context, client kubernetes.Interface, o Options) error {
 	if err := os.MkdirAll(o.PluginDataDir, 0o750); err != nil {
 		return fmt.Errorf("the DRA driver's directory: %w", err)
+	}
+	if err := d.loadOwned(); err != nil {
+		// Those claims' slices take their slots out of the counters
+		// until unprepared by hand; the rest of the node is served.
+		klog.FromContext(ctx).Error(err, "Reading which prepared claims hold MIG slices", "dir", d.CDIDir)
 	}
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(gpuinfo.DRADriver),
@@ -122,7 +138,7 @@ func (d *Driver) publish() {
 	for _, c := range d.cards {
 		cards = append(cards, c)
 	}
-	res := resources(d.Node, cards)
+	res := resources(d.Node, cards, d.owned)
 	if d.published != nil && equality.Semantic.DeepEqual(*d.published, res) {
 		return
 	}
@@ -133,13 +149,15 @@ func (d *Driver) publish() {
 	d.published = &res
 }
 
-// resources are the node's cards as one pool, named after the node, of one
-// slice: a device per card (by index), shareable by many claims, each
-// consuming memory (whole MiB, up to the card's) and compute (whole
-// percent, up to 100) — the ranges Tessera's extended resources accept. A
-// request that names neither gets the whole card. A card out of service is
-// tainted NoSchedule.
-func resources(node string, cards []discovery.Card) resourceslice.DriverResources {
+// resources are the node's cards as one pool, named after the node: a
+// device per card (by index), shareable by many claims, each consuming
+// memory (whole MiB, up to the card's) and compute (whole percent, up to
+// 100) — the ranges Tessera's extended resources accept. A request that
+// names neither gets the whole card. A card out of service is tainted
+// NoSchedule. The slices of cards in MIG mode follow (migResources), with
+// the dynamic cards' counter sets in slices of their own; a pool without
+// MIG is one slice.
+func resources(node string, cards []discovery.Card, owned map[sliceKey]types.UID) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, len(cards))
 	for _, c := range sortedByIndex(cards) {
 		memory := *resource.NewQuantity(c.MemoryMiB<<20, resource.BinarySI)
@@ -173,9 +191,20 @@ func resources(node string, cards []discovery.Card) resourceslice.DriverResource
 		}
 		devices = append(devices, dev)
 	}
-	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		node: {Slices: []resourceslice.Slice{{Devices: devices}}},
-	}}
+	sliceDevices, counters := migResources(cards, owned)
+	if len(sliceDevices) == 0 {
+		return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+			node: {Slices: []resourceslice.Slice{{Devices: devices}}},
+		}}
+	}
+	var pool resourceslice.Pool
+	for _, part := range inChunks(append(devices, sliceDevices...), resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures) {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: part})
+	}
+	for _, part := range inChunks(counters, resourceapi.ResourceSliceMaxCounterSets) {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: part})
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{node: pool}}
 }
 
 // sortedByIndex copies cards in index order.

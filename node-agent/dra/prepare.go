@@ -43,11 +43,16 @@ func (d *Driver) PrepareResourceClaims(_ context.Context, claims []*resourceapi.
 	return out, nil
 }
 
-// UnprepareResourceClaims removes the claims' CDI specs and shared
-// regions; a claim never prepared, or already unprepared, is not an error.
+// UnprepareResourceClaims destroys the dynamic MIG slices made for the
+// claims and removes their CDI specs and shared regions; a claim never prepared, or already unprepared, is not an error.
 func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, claim := range claims {
+		// The spec records the claim's slices: it goes once they are.
+		if err := d.unmakeSlices(claim.UID); err != nil {
+			out[claim.UID] = fmt.Errorf("claim %s/%s: %w", claim.Namespace, claim.Name, err)
+			continue
+		}
 		err := os.Remove(d.specPath(claim.UID))
 		if errors.Is(err, os.ErrNotExist) {
 			err = nil
@@ -60,7 +65,7 @@ func (d *Driver) UnprepareResourceClaims(_ context.Context, claims []kubeletplug
 // prepare writes claim's CDI spec: the spec's own edits are the claim's
 // (visible cards, limits, mounts: applied once however many of its devices
 // a container gets), and each card is a device of it.
-func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+func (d *Driver) prepare(claim *resourceapi.ResourceClaim) (_ []kubeletplugin.Device, err error) {
 	alloc := claim.Status.Allocation
 	if alloc == nil {
 		return nil, errors.New("not allocated")
@@ -73,9 +78,19 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 	}
 	var (
 		assigned []gpuinfo.CardAssignment
+		slices   []gpuinfo.MIGInstance
 		devices  []kubeletplugin.Device
 		params   *gpuinfo.DRAParameters
+		made     []sliceKey
+		created  []sliceKey
 	)
+	defer func() {
+		// A preparation that fails leaves no slice it made behind: kubelet
+		// may never unprepare a claim it could not prepare.
+		if err != nil && len(created) > 0 {
+			err = errors.Join(err, d.destroySlices(created))
+		}
+	}()
 	for _, r := range alloc.Devices.Results {
 		if r.Driver != gpuinfo.DRADriver || r.Pool != d.Node {
 			continue
@@ -83,8 +98,9 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 		if r.AdminAccess != nil && *r.AdminAccess {
 			return nil, fmt.Errorf("request %q: admin access to Tessera's cards is not supported: it would hand over a card others share, with no limit and outside the shares counted on it", r.Request)
 		}
-		card, ok := cards[r.Device]
-		if !ok {
+		index, isSlice, ok := gpuinfo.DRADeviceCard(r.Device)
+		card, found := cards[gpuinfo.DRADeviceName(index)]
+		if !ok || !found {
 			return nil, fmt.Errorf("request %q: device %s is not a card of node %s", r.Request, r.Device, d.Node)
 		}
 		if !card.Healthy {
@@ -98,9 +114,28 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 			return nil, fmt.Errorf("request %q: its parameters (%+v) differ from another request's (%+v): a claim's cards share one configuration", r.Request, *p, *params)
 		}
 		params = p
-		share := consumed(r, card)
-		if p.Sharing == gpuinfo.SharingWhole && (share.MemoryMiB < card.MemoryMiB || share.Cores < gpuinfo.FullCores) {
-			return nil, fmt.Errorf("request %q: sharing %s needs the whole card, but the allocation consumes %d of %d MiB and %d %% of compute on card %d", r.Request, gpuinfo.SharingWhole, share.MemoryMiB, card.MemoryMiB, share.Cores, card.Index)
+		if isSlice != (len(slices) > 0) && len(assigned) > 0 {
+			return nil, fmt.Errorf("request %q: a claim holds either MIG slices or shares of cards, not both: ask for them in two claims", r.Request)
+		}
+		var share gpuinfo.CardAssignment
+		if isSlice {
+			entry, in, key, isNew, err := d.slice(claim.UID, card, r.Device)
+			if err != nil {
+				return nil, fmt.Errorf("request %q: %w", r.Request, err)
+			}
+			if key != nil {
+				made = append(made, *key)
+			}
+			if isNew {
+				created = append(created, *key)
+			}
+			share = entry
+			slices = append(slices, in)
+		} else {
+			share = consumed(r, card)
+			if p.Sharing == gpuinfo.SharingWhole && (share.MemoryMiB < card.MemoryMiB || share.Cores < gpuinfo.FullCores) {
+				return nil, fmt.Errorf("request %q: sharing %s needs the whole card, but the allocation consumes %d of %d MiB and %d %% of compute on card %d", r.Request, gpuinfo.SharingWhole, share.MemoryMiB, card.MemoryMiB, share.Cores, card.Index)
+			}
 		}
 		assigned = append(assigned, share)
 		devices = append(devices, kubeletplugin.Device{
@@ -115,7 +150,9 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 	if params.TaskPriority == gpuinfo.TaskPriorityHigh {
 		priority = "0"
 	}
-	adj := d.Enforce.Cards(assigned, nil, params.Sharing == gpuinfo.SharingWhole, enforce.ClaimRegionName(claim.UID), priority)
+	// A MIG slice is fenced in hardware and held whole: no interception.
+	whole := params.Sharing == gpuinfo.SharingWhole || len(slices) > 0
+	adj := d.Enforce.Cards(assigned, slices, whole, enforce.ClaimRegionName(claim.UID), priority)
 	if adj.Region != "" {
 		if err := d.Enforce.Paths.CreateRegion(adj.Region); err != nil {
 			return nil, err
@@ -126,7 +163,7 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 			devices[i].CDIDeviceIDs = append(devices[i].CDIDeviceIDs, adj.CDIDevices[i])
 		}
 	}
-	if err := d.writeSpec(claim.UID, assigned, adj); err != nil {
+	if err := d.writeSpec(claim.UID, assigned, devices, adj, made); err != nil {
 		return nil, err
 	}
 	return devices, nil
@@ -180,8 +217,15 @@ func deviceName(claim types.UID, device string) string { return string(claim) + 
 
 // writeSpec writes the claim's CDI spec atomically (a runtime reading the
 // directory never sees half a file).
-func (d *Driver) writeSpec(claim types.UID, cards []gpuinfo.CardAssignment, adj *enforce.Adjustment) error {
+func (d *Driver) writeSpec(claim types.UID, cards []gpuinfo.CardAssignment, devices []kubeletplugin.Device, adj *enforce.Adjustment, made []sliceKey) error {
 	spec := &cdispec.Spec{Kind: cdiKind}
+	if len(made) > 0 {
+		keys := make([]string, len(made))
+		for i, k := range made {
+			keys[i] = k.String()
+		}
+		spec.Annotations = map[string]string{sliceAnnotation: strings.Join(keys, ",")}
+	}
 	// The claim's name on the node: containers holding cards through it
 	// share its cards once (enforce.ClaimEnv).
 	spec.ContainerEdits.Env = []string{enforce.ClaimEnv + "=" + string(claim)}
@@ -198,10 +242,14 @@ func (d *Driver) writeSpec(claim types.UID, cards []gpuinfo.CardAssignment, adj 
 		})
 	}
 	for i, c := range cards {
+		uuid := c.UUID
+		if c.MIG != nil {
+			uuid = c.MIG.UUID
+		}
 		spec.Devices = append(spec.Devices, cdispec.Device{
-			Name: deviceName(claim, gpuinfo.DRADeviceName(c.Index)),
+			Name: deviceName(claim, devices[i].DeviceName),
 			ContainerEdits: cdispec.ContainerEdits{Env: []string{
-				"TESSERA_CLAIM_GPU_" + strconv.Itoa(i) + "=" + c.UUID,
+				"TESSERA_CLAIM_GPU_" + strconv.Itoa(i) + "=" + uuid,
 			}},
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/tessera-gpu/tessera/node-agent/discovery"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -123,10 +124,18 @@ func tesseraCards(claim *resourceapi.ResourceClaim, node Node) ([]gpuinfo.CardAs
 		if node.Cards == nil {
 			return nil, errors.New("the node agent has not discovered this node's cards yet (kubelet will retry)")
 		}
-		index, ok := gpuinfo.DRACardIndex(r.Device)
+		index, isSlice, ok := gpuinfo.DRADeviceCard(r.Device)
 		card, found := node.card(index)
 		if !ok || !found {
 			return nil, fmt.Errorf("request %q: device %s is not a card of node %s", r.Request, r.Device, node.Name)
+		}
+		if isSlice {
+			entry, err := claimSlice(card, r.Device)
+			if err != nil {
+				return nil, fmt.Errorf("request %q: %w", r.Request, err)
+			}
+			cards = append(cards, entry)
+			continue
 		}
 		memory, cores := gpuinfo.DRAShare(r.ConsumedCapacity, gpuinfo.Card{MemoryMiB: card.MemoryMiB})
 		cards = append(cards, gpuinfo.CardAssignment{Index: card.Index, UUID: card.UUID, MemoryMiB: memory, Cores: cores})
@@ -142,4 +151,22 @@ func reservedFor(claim *resourceapi.ResourceClaim, pod *v1.Pod, uid types.UID) b
 		}
 	}
 	return false
+}
+
+// claimSlice is the entry of a claim's MIG slice device on card, as the
+// card has the slice now (the DRA driver made it when it prepared the
+// claim); the container is then checked as one holding that slice.
+func claimSlice(card discovery.Card, device string) (gpuinfo.CardAssignment, error) {
+	profile, start, ok := gpuinfo.DRASliceOf(device, card.Index, card.MIG, card.MIGDynamic)
+	if !ok {
+		return gpuinfo.CardAssignment{}, fmt.Errorf("device %s is not a MIG slice of card %d (%s)", device, card.Index, card.UUID)
+	}
+	in, p := card.Slice(profile, start)
+	if in == nil {
+		return gpuinfo.CardAssignment{}, fmt.Errorf("card %d (%s) has no MIG slice %s at slot %d yet (kubelet will retry)", card.Index, card.UUID, profile, start)
+	}
+	return gpuinfo.CardAssignment{
+		Index: card.Index, UUID: card.UUID, MemoryMiB: p.MemoryMiB, Cores: gpuinfo.FullCores,
+		MIG: &gpuinfo.MIGSlice{Profile: profile, Start: start, UUID: in.UUID},
+	}, nil
 }

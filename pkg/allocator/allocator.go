@@ -128,7 +128,7 @@ func appendSlices(cards []Card, c gpuinfo.Card) []Card {
 	}
 	for i := range c.MIG.Profiles {
 		p := &c.MIG.Profiles[i]
-		if !creatable(p.Name) {
+		if !gpuinfo.CreatableProfile(p.Name) {
 			continue
 		}
 		for _, start := range p.Starts {
@@ -160,11 +160,6 @@ func sliceCard(c gpuinfo.Card, p *gpuinfo.MIGProfile, start int, deviceUUID stri
 // slotMask has the bits of slots start to start+size-1 set.
 func slotMask(start, size int) uint32 { return (1<<size - 1) << start }
 
-// creatable reports whether Tessera creates slices of the profile on a
-// dynamic card: the plain profiles ("3g.40gb"), not the variants with or
-// without media extensions or graphics ("1g.10gb+me"), which only an
-// operator asks for.
-func creatable(profile string) bool { return !strings.ContainsAny(profile, "+-") }
 
 // OnlyPossible reports whether the entry is a slice of a dynamic card that
 // does not exist and that nothing holds (used is what is held on it): a

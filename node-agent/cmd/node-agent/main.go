@@ -207,11 +207,17 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		DynamicMIG:        svc.dynamicMIG,
 	}
 	if svc.dynamicMIG != nil {
-		controller, ok := backend.(discovery.MIGController)
-		if !ok {
+		controller, ok := backend.(dra.MIGBackend)
+		switch {
+		case !ok:
 			return fmt.Errorf("--dynamic-mig-cards: the %s backend cannot create MIG slices", backend.Name())
+		case svc.driver != nil:
+			// Claims hold the slices: the driver makes them when it
+			// prepares a claim and unmakes them when it unprepares it.
+			svc.driver.MIG = controller
+		default:
+			a.ServeSlices(ctx, controller)
 		}
-		a.ServeSlices(ctx, controller)
 	}
 	if svc.driver != nil {
 		a.Devices = append(a.Devices, svc.driver)
