@@ -80,6 +80,7 @@ func TestBaseRenders(t *testing.T) {
 		"PriorityClass /tessera-critical",
 		"DeviceClass /gpu-share.tessera.io",
 		"DeviceClass /gpu.tessera.io",
+		"DeviceClass /mig.tessera.io",
 		"MutatingAdmissionPolicy /" + PolicySchedulerName,
 		"MutatingAdmissionPolicyBinding /" + PolicySchedulerName,
 	}
