@@ -160,7 +160,6 @@ func sliceCard(c gpuinfo.Card, p *gpuinfo.MIGProfile, start int, deviceUUID stri
 // slotMask has the bits of slots start to start+size-1 set.
 func slotMask(start, size int) uint32 { return (1<<size - 1) << start }
 
-
 // OnlyPossible reports whether the entry is a slice of a dynamic card that
 // does not exist and that nothing holds (used is what is held on it): a
 // placement the scheduler may choose, not a device; tables and metrics

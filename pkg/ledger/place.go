@@ -7,7 +7,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -149,21 +148,20 @@ func (l *Ledger) ReservePlanned(uid types.UID, nodeName string, order []gpuinfo.
 }
 
 // Simulate places req on the node as adjusted by deltas and returns the
-// deltas of that placement: what a nominated pod would hold. With only, it
-// places on the cards of those UUIDs alone. ok is false when it does not
-// fit.
-func (l *Ledger) Simulate(nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy, only sets.Set[string]) (added []allocator.Delta, ok bool) {
+// deltas of that placement: what a nominated pod would hold. With usable,
+// it places on the cards whose UUIDs usable accepts alone (the others
+// count as full). ok is false when it does not fit.
+func (l *Ledger) Simulate(nodeName string, order []gpuinfo.NamedContainer, req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocator.Strategy, usable func(uuid string) bool) (added []allocator.Delta, ok bool) {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	n := l.nodes[nodeName]
 	if n == nil || n.err != nil {
 		return nil, false
 	}
-	if only != nil {
-		// Every other card counts as full.
+	if usable != nil {
 		deltas = slices.Clone(deltas)
 		for _, c := range n.cards {
-			if !only.Has(c.UUID) {
+			if !usable(c.UUID) {
 				deltas = append(deltas, allocator.Delta{UUID: c.UUID, Usage: c.Capacity})
 			}
 		}

@@ -27,9 +27,11 @@ const maxVictimWait = 5 * time.Minute
 // held (victimBook.claimed), where it fits on them, so that another
 // preemptor nominated to the node, or a pod of its priority, does not take
 // them; otherwise, where it fits now, what the policy chooses; otherwise it
-// is placed as it will be once its victims still terminating are gone. The
-// cards it will get are kept from the pods it outranks or equals. Nil when
-// it cannot be placed even so.
+// is placed as it will be once its victims still terminating are gone.
+// Never on the cards the other pods nominated to the node claim (unless it
+// claims them too): a preemptor needing more than its victims freed must
+// not take another's. The cards it will get are kept from the pods it
+// outranks or equals. Nil when it cannot be placed even so.
 func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInfo fwk.NodeInfo, base []allocator.Delta) []allocator.Delta {
 	node := nodeInfo.Node()
 	if d := p.ledger.PodDeltas(nominated.UID, node.Name, 1); d != nil {
@@ -41,26 +43,43 @@ func (p *Plugin) nominatedDeltas(ctx context.Context, nominated *v1.Pod, nodeInf
 	}
 	order := gpuinfo.ContainerOrder(nominated)
 	st := allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(p.reservations.against(nominated), node)}
+	claimed := p.victims.claimed(nominated.UID, node.Name)
+	var usable func(string) bool
+	if others := p.othersClaims(nominated, node.Name); others.Len() > 0 {
+		usable = func(uuid string) bool { return !others.Has(uuid) || claimed.Has(uuid) }
+	}
 	var freed []allocator.Delta // computed once, when first needed
-	if claimed := p.victims.claimed(nominated.UID, node.Name); claimed != nil {
+	if claimed != nil {
 		freed = p.withoutVictims(nominated, nodeInfo, base)
-		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st, claimed); ok {
+		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st, claimed.Has); ok {
 			return d
 		}
 	}
-	if d, ok := p.ledger.Simulate(node.Name, order, req, base, st, nil); ok {
+	if d, ok := p.ledger.Simulate(node.Name, order, req, base, st, usable); ok {
 		return d
 	}
 	if freed == nil {
 		freed = p.withoutVictims(nominated, nodeInfo, base)
 	}
 	if len(freed) > len(base) {
-		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st, nil); ok {
+		if d, ok := p.ledger.Simulate(node.Name, order, req, freed, st, usable); ok {
 			return d
 		}
 	}
 	klog.FromContext(ctx).V(4).Info("Nominated pod does not fit its node's GPUs, even without its victims", "pod", klog.KObj(nominated), "node", node.Name)
 	return nil
+}
+
+// othersClaims are the cards claimed on node by the pods nominated there
+// other than pod (victimBook.claimed).
+func (p *Plugin) othersClaims(pod *v1.Pod, node string) sets.Set[string] {
+	cards := sets.New[string]()
+	for _, pi := range p.handle.NominatedPodsForNode(node) {
+		if n := pi.GetPod(); n.UID != pod.UID {
+			cards = cards.Union(p.victims.claimed(n.UID, node))
+		}
+	}
+	return cards
 }
 
 // withoutVictims returns base with the cards of preemptor's victims still

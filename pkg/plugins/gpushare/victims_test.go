@@ -113,6 +113,66 @@ func TestNominationKeepsTheCardsItsVictimsFreed(t *testing.T) {
 	}
 }
 
+// TestNominatedPodsKeepOffEachOthersCards: two preemptors of one priority
+// are nominated to one node, their victims gone. The second needs two
+// cards, one more than its victim freed. Placed by the policy where it
+// fits now, it took the card the first one's victim freed, and the first,
+// finding no room on its node, bound elsewhere: its victim evicted for
+// nothing (the randomized preemption test's flake, seed 3). A nominated pod
+// is never placed on the cards another pod nominated to the node claims.
+func TestNominatedPodsKeepOffEachOthersCards(t *testing.T) {
+	full := allocator.Usage{MemoryMiB: 81920, Cores: 100}
+	for _, tc := range []struct {
+		name string
+		// keeper, when set, holds part of card 2.
+		keeper bool
+		// want is what the second preemptor holds in the first's cycle.
+		want []allocator.Delta
+	}{
+		{name: "a free card beside its own", want: []allocator.Delta{{UUID: "GPU-n-1", Usage: full}, {UUID: "GPU-n-2", Usage: full}}},
+		{name: "no card but the first's beside its own", keeper: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testutil.GPUNode("n", testutil.Inventory("n", "A100", 81920, 3))
+			holding := func(name string, index int, usage allocator.Usage) *v1.Pod {
+				return boundPod(name, "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: index, UUID: []string{"GPU-n-0", "GPU-n-1", "GPU-n-2"}[index], MemoryMiB: usage.MemoryMiB, Cores: usage.Cores}}})
+			}
+			firstVictim, secondVictim := evicted(holding("first-victim", 0, full)), evicted(holding("second-victim", 1, full))
+			first := gpuPod("first", testutil.Cards(1)).Priority(1000).Obj()
+			second := gpuPod("second", testutil.Cards(2)).Priority(1000).Obj()
+			objs := []runtime.Object{node, first, second}
+			if tc.keeper {
+				keeper := holding("keeper", 2, allocator.Usage{MemoryMiB: 10240, Cores: 10})
+				keeper.Spec.Priority = new(int32(2000))
+				objs = append(objs, keeper)
+			}
+			h := newHarness(t, nil, objs...)
+			for victim, preemptor := range map[*v1.Pod]*v1.Pod{firstVictim: first, secondVictim: second} {
+				h.plugin.victims.record(victim, []types.UID{preemptor.UID})
+				h.plugin.victims.drop(victim.UID)
+			}
+			for _, p := range []*v1.Pod{second, first} {
+				p.Status.NominatedNodeName = "n"
+				h.queue.Add(h.ctx, p)
+			}
+
+			ni := h.nodeInfo(node)
+			if diff := cmp.Diff(tc.want, h.plugin.nominatedOn(h.ctx, first, ni)); diff != "" {
+				t.Errorf("cards the second preemptor holds (-want,+got):\n%s", diff)
+			}
+			state := framework.NewCycleState()
+			h.plugin.PreFilter(h.ctx, state, first, nil)
+			secondInfo, _ := framework.NewPodInfo(second)
+			if s := h.plugin.AddPod(h.ctx, state, first, secondInfo, ni); !s.IsSuccess() {
+				t.Fatal(s)
+			}
+			if s := h.plugin.Filter(h.ctx, state, first, ni); !s.IsSuccess() {
+				t.Errorf("the first preemptor does not fit the card its victim freed: %v", s)
+			}
+		})
+	}
+}
+
 func TestEvictedFor(t *testing.T) {
 	preemptor := gpuPod("preemptor", testutil.Cards(1)).Priority(1000).Obj()
 	other := gpuPod("other", testutil.Cards(1)).Priority(1000).Obj()
