@@ -51,7 +51,11 @@ type Agent struct {
 	// Slices, when set, cuts the dynamic cards into the slices their pods
 	// hold before each scan is published, and asks for a scan when a pod
 	// on the node changes.
-	Slices            *migslices.Manager
+	Slices *migslices.Manager
+	// SliceSpec, when set, is told the cards after each scan, to keep the
+	// CDI spec of the dynamic cards' slices current
+	// (enforce.MIGSpecWriter.Write).
+	SliceSpec         func(cards []discovery.Card) error
 	RescanInterval    time.Duration
 	HeartbeatInterval time.Duration
 
@@ -245,6 +249,11 @@ func (a *Agent) scan(ctx context.Context) error {
 	} else {
 		cards = a.cutSlices(ctx, cards)
 		a.lastCards = slices.Clone(cards)
+		if a.SliceSpec != nil {
+			if err := a.SliceSpec(cards); err != nil {
+				logger.Error(err, "Writing the CDI spec of the dynamic cards' MIG slices failed: containers given a slice made since are refused by the runtime until it is written")
+			}
+		}
 	}
 	if a.Health != nil {
 		for _, t := range a.Health.Apply(cards) {

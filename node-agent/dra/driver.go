@@ -51,6 +51,11 @@ type Driver struct {
 	// (discovery.Card.MIGDynamic) as prepared claims hold them; without it
 	// a dynamic card offers no placements.
 	MIG MIGBackend
+	// SliceSpec, when set, is told the cards after the driver made or
+	// destroyed a slice, before the claim's preparation returns: the CDI
+	// spec of the dynamic cards' slices (enforce.MIGSpecWriter.Write)
+	// must name a slice before a container is given it.
+	SliceSpec func(cards []discovery.Card) error
 
 	mu sync.Mutex
 	// cards are the last scan's cards by device name.

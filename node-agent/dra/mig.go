@@ -295,7 +295,33 @@ func (d *Driver) makeSlice(claim types.UID, key sliceKey) (*gpuinfo.MIGInstance,
 	if in == nil {
 		return nil, fmt.Errorf("card %d shows no MIG slice %s at slot %d after creating it", key.card, key.profile, key.start)
 	}
+	if err := d.writeSliceSpec(); err != nil {
+		err = fmt.Errorf("card %d, MIG slice %s at slot %d: writing its CDI spec: %w", key.card, key.profile, key.start, err)
+		// Not handed over: made for nothing.
+		if destroyErr := d.MIG.DestroyMIGSlice(key.card, key.profile, key.start); destroyErr != nil {
+			return nil, errors.Join(err, destroyErr)
+		}
+		d.mu.Lock()
+		delete(d.owned, key)
+		d.mu.Unlock()
+		_, rereadErr := d.reread(key.card)
+		return nil, errors.Join(err, rereadErr)
+	}
 	return in, nil
+}
+
+// writeSliceSpec tells SliceSpec the cards as the driver has them now.
+func (d *Driver) writeSliceSpec() error {
+	if d.SliceSpec == nil {
+		return nil
+	}
+	d.mu.Lock()
+	cards := make([]discovery.Card, 0, len(d.cards))
+	for _, c := range d.cards {
+		cards = append(cards, c)
+	}
+	d.mu.Unlock()
+	return d.SliceSpec(sortedByIndex(cards))
 }
 
 // unmakeSlices destroys the dynamic slices made for claim. A slice it
@@ -337,6 +363,9 @@ func (d *Driver) destroySlices(keys []sliceKey) error {
 		}
 	}
 	d.publish()
+	if err := d.writeSliceSpec(); err != nil {
+		errs = append(errs, fmt.Errorf("writing the CDI spec of the MIG slices: %w", err))
+	}
 	return errors.Join(errs...)
 }
 

@@ -148,6 +148,10 @@ var sortStrings = cmp.Transformer("sort", func(in []string) []string {
 func TestPrepareMIGSlice(t *testing.T) {
 	ctx := context.Background()
 	backend, d := migNode(t, "")
+	// The slices' CDI spec is told each change before the preparation
+	// returns.
+	var told []discovery.Card
+	d.SliceSpec = func(cards []discovery.Card) error { told = cards; return nil }
 	c := claim([]resourceapi.DeviceRequestAllocationResult{result("slice", "gpu-1-mig-2g10gb-2", "", "")})
 	got, _ := d.PrepareResourceClaims(ctx, []*resourceapi.ResourceClaim{c})
 	if err := got[c.UID].Err; err != nil {
@@ -157,6 +161,9 @@ func TestPrepareMIGSlice(t *testing.T) {
 	in, _ := cards[1].Slice("2g.10gb", 2)
 	if in == nil {
 		t.Fatalf("card 1 has no 2g.10gb slice at slot 2 after preparing: %+v", cards[1].MIG.Instances)
+	}
+	if len(told) != 2 || len(told[1].MIG.Instances) != 1 || told[1].MIG.Instances[0].UUID != in.UUID {
+		t.Errorf("the slices' spec was told %+v, want card 1 with its new slice", told)
 	}
 	wantIDs := []string{"tessera.io/claim=uid-1-gpu-1-mig-2g10gb-2", fmt.Sprintf("nvidia.com/gpu=1:%d", in.Index)}
 	if diff := cmp.Diff(wantIDs, got[c.UID].Devices[0].CDIDeviceIDs); diff != "" {
@@ -190,11 +197,16 @@ func TestPrepareMIGSlice(t *testing.T) {
 		t.Errorf("slices known after a restart (-want,+got):\n%s", diff)
 	}
 	restarted.Update(cards)
+	told = nil
+	restarted.SliceSpec = func(cards []discovery.Card) error { told = cards; return nil }
 	if got, _ := restarted.UnprepareResourceClaims(ctx, []kubeletplugin.NamespacedObject{{UID: "uid-1"}}); got["uid-1"] != nil {
 		t.Fatal(got["uid-1"])
 	}
 	if cards, _ := backend.Cards(); len(cards[1].MIG.Instances) != 0 {
 		t.Errorf("card 1 has slices %+v after unprepare, want none", cards[1].MIG.Instances)
+	}
+	if len(told) != 2 || len(told[1].MIG.Instances) != 0 {
+		t.Errorf("the slices' spec was told %+v after unprepare, want card 1 without slices", told)
 	}
 	if _, err := os.Stat(restarted.specPath("uid-1")); !os.IsNotExist(err) {
 		t.Errorf("the claim's CDI spec is still there (%v)", err)

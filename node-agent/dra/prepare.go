@@ -78,7 +78,7 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) (_ []kubeletplugin.De
 	}
 	var (
 		assigned []gpuinfo.CardAssignment
-		slices   []gpuinfo.MIGInstance
+		slices   []enforce.SliceDevice
 		devices  []kubeletplugin.Device
 		params   *gpuinfo.DRAParameters
 		made     []sliceKey
@@ -130,7 +130,7 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) (_ []kubeletplugin.De
 				created = append(created, *key)
 			}
 			share = entry
-			slices = append(slices, in)
+			slices = append(slices, enforce.SliceDevice{MIGInstance: in, Dynamic: card.MIGDynamic})
 		} else {
 			share = consumed(r, card)
 			if p.Sharing == gpuinfo.SharingWhole && (share.MemoryMiB < card.MemoryMiB || share.Cores < gpuinfo.FullCores) {
@@ -262,24 +262,5 @@ func (d *Driver) writeSpec(claim types.UID, cards []gpuinfo.CardAssignment, devi
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(d.CDIDir, 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(d.CDIDir, ".tmp-"+gpuinfo.Domain+"-claim-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(raw); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), d.specPath(claim))
+	return enforce.WriteCDISpec(d.specPath(claim), raw)
 }

@@ -145,6 +145,11 @@ type Config struct {
 	// CDINames says how the node's CDI spec names a card: CDIByIndex (the
 	// NVIDIA toolkit's default) or CDIByUUID.
 	CDINames CDINaming
+	// MIGSpec: the agent writes the CDI spec of the slices of its dynamic
+	// cards (MIGSpecWriter), which then go to containers as devices of
+	// MIGSpecKind; the toolkit's spec lacks a slice made after it was
+	// generated.
+	MIGSpec bool
 }
 
 // CDINaming is how a CDI spec names the cards.
@@ -158,13 +163,16 @@ const (
 )
 
 // cdiName is the CDI device name of card, or of its MIG device slice where
-// the entry gives a slice ("CARD:INDEX" by index).
-func (c Config) cdiName(card gpuinfo.CardAssignment, slice gpuinfo.MIGInstance) string {
+// the entry gives a slice ("CARD:INDEX" by index; a dynamic card's slice in
+// the agent's own spec when it writes one).
+func (c Config) cdiName(card gpuinfo.CardAssignment, slice SliceDevice) string {
 	switch {
+	case card.MIG != nil && slice.Dynamic && c.MIGSpec:
+		return MIGSpecKind + "=" + migDeviceName(card.Index, slice.Index)
 	case c.CDINames == CDIByUUID:
-		return c.CDIKind + "=" + visibleUUID(card, slice)
+		return c.CDIKind + "=" + visibleUUID(card, slice.MIGInstance)
 	case card.MIG != nil:
-		return c.CDIKind + "=" + strconv.Itoa(card.Index) + ":" + strconv.Itoa(slice.Index)
+		return c.CDIKind + "=" + migDeviceName(card.Index, slice.Index)
 	}
 	return c.CDIKind + "=" + strconv.Itoa(card.Index)
 }
@@ -271,14 +279,22 @@ type Node struct {
 	MIGCaps func() (MIGCaps, error)
 }
 
+// SliceDevice is the MIG device of an entry that gives a slice, as the node
+// has it now.
+type SliceDevice struct {
+	gpuinfo.MIGInstance
+	// Dynamic: its card is dynamic, its slices Tessera's to make.
+	Dynamic bool
+}
+
 // slices are the MIG devices of the entries' slices as the node's cards
 // have them now (zero for whole cards); checkCards has found them.
-func (n Node) slices(cards []gpuinfo.CardAssignment) []gpuinfo.MIGInstance {
-	devices := make([]gpuinfo.MIGInstance, len(cards))
+func (n Node) slices(cards []gpuinfo.CardAssignment) []SliceDevice {
+	devices := make([]SliceDevice, len(cards))
 	for i, want := range cards {
 		if card, ok := n.card(want.Index); ok && want.MIG != nil {
 			if in, _ := card.Slice(want.MIG.Profile, want.MIG.Start); in != nil {
-				devices[i] = *in
+				devices[i] = SliceDevice{*in, card.MIGDynamic}
 			}
 		}
 	}
@@ -458,15 +474,15 @@ type Holding struct {
 // caller creates it first: Region). taskPriority is the library's
 // CUDA_TASK_PRIORITY, "0" (high) or "1" (low). Whole cards get no
 // interception, so no overhead.
-func (c Config) Cards(cards []gpuinfo.CardAssignment, slices []gpuinfo.MIGInstance, whole bool, region, taskPriority string) *Adjustment {
+func (c Config) Cards(cards []gpuinfo.CardAssignment, slices []SliceDevice, whole bool, region, taskPriority string) *Adjustment {
 	uuids := make([]string, len(cards))
 	adj := &Adjustment{}
 	for i, card := range cards {
-		var slice gpuinfo.MIGInstance
+		var slice SliceDevice
 		if i < len(slices) {
 			slice = slices[i]
 		}
-		uuids[i] = visibleUUID(card, slice)
+		uuids[i] = visibleUUID(card, slice.MIGInstance)
 		if c.CDIKind != "" {
 			adj.CDIDevices = append(adj.CDIDevices, c.cdiName(card, slice))
 		}

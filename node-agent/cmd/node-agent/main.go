@@ -78,7 +78,7 @@ func main() {
 	claims := flag.Bool("dra", false, "serve the cards as DRA devices (driver tessera.io, resource.k8s.io/v1 ResourceSlices that many claims share) instead of the extended resources: no device plugin, and the node's inventory annotation is removed, so no card is counted twice")
 	draPluginDir := flag.String("dra-plugin-dir", "/var/lib/kubelet/plugins/"+gpuinfo.DRADriver, "with --dra: the driver's directory for its kubelet socket")
 	draRegistrarDir := flag.String("dra-registrar-dir", "/var/lib/kubelet/plugins_registry", "with --dra: kubelet's plugin registration directory")
-	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "with --dra: the container runtime's CDI spec directory, where each prepared claim's spec is written")
+	cdiDir := flag.String("cdi-dir", "/var/run/cdi", "the container runtime's CDI spec directory: with --dra each prepared claim's spec is written there, and with --dynamic-mig-cards and --cdi-kind the spec of the dynamic cards' MIG slices (kind tessera.io/mig), which the toolkit's spec lacks")
 	migCaps := flag.String("mig-capabilities", enforce.MIGMinorsPath, "the driver's list of MIG capability devices (name and minor number of each): a container gets only its own MIG slices' capability devices (/dev/nvidia-caps/)")
 	dynamicMIG := flag.String("dynamic-mig-cards", "", "cards in MIG mode whose slices Tessera creates and destroys as the pods placed there need them: all, or comma-separated card indices; empty (the default) leaves every card's slices as the operator made them. Never name a card NVIDIA's MIG manager or DRA driver also manages (docs/mig.md)")
 	inventoryVersion := flag.Int("inventory-version", gpuinfo.InventoryVersion, "the newest inventory version published: 2 publishes version 2 on nodes with cards in MIG mode, whose slices need it, and version 1 elsewhere; 1 keeps every node readable by schedulers from before MIG support (cards in MIG mode then take no pods). Upgrade the scheduler first (docs/install.md)")
@@ -119,6 +119,13 @@ func main() {
 	if *resourceName == "" {
 		*resourceName = string(names.GPU)
 	}
+	readCaps := func() (enforce.MIGCaps, error) { return enforce.ReadMIGCaps(*migCaps, enforce.DevicesPath) }
+	var sliceSpec *enforce.MIGSpecWriter
+	if dynamicCards != nil && enforcement.CDIKind != "" {
+		// The toolkit's spec lacks the slices made after it was generated.
+		enforcement.MIGSpec = true
+		sliceSpec = &enforce.MIGSpecWriter{Dir: *cdiDir, ToolkitKind: enforcement.CDIKind, ToolkitDirs: []string{"/etc/cdi", *cdiDir}, Caps: readCaps}
+	}
 	var driver *dra.Driver
 	if *claims {
 		*pluginDir = ""
@@ -133,14 +140,14 @@ func main() {
 	if *nriSocket != "" {
 		enforcement.Names, enforcement.HighTaskPriority = names, int32(*highTaskPriority)
 		enforcer = &nri.Plugin{Node: *nodeName, Enforce: enforcement, PodWait: time.Second,
-			MIGCaps: func() (enforce.MIGCaps, error) { return enforce.ReadMIGCaps(*migCaps, enforce.DevicesPath) }}
+			MIGCaps: readCaps}
 		if enforcer.Unrestricted, err = unrestrictedAccounts(*namespace+":"+*serviceAccount, *unrestricted); err != nil {
 			klog.ErrorS(err, "Invalid --unrestricted-service-accounts")
 			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 		}
 	}
 	services := services{plugin: plugin, enforcer: enforcer, nriSocket: *nriSocket, driver: driver, draOptions: dra.Options{PluginDataDir: *draPluginDir, RegistrarDir: *draRegistrarDir},
-		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse, inventoryVersion: *inventoryVersion, dynamicMIG: dynamicCards}
+		overUseInterval: *overUseInterval, stopOverUse: *stopOverUse, inventoryVersion: *inventoryVersion, dynamicMIG: dynamicCards, sliceSpec: sliceSpec}
 	if err := run(ctx, *nodeName, *namespace, *kubeconfig, *simulated, *rescan, *heartbeat, *leaseDuration, *quiet, services, metricsPort); err != nil {
 		klog.ErrorS(err, "Node agent failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
@@ -156,6 +163,8 @@ type services struct {
 	nriSocket  string
 	driver     *dra.Driver
 	draOptions dra.Options
+	// sliceSpec, when set, writes the CDI spec of the dynamic cards' slices.
+	sliceSpec *enforce.MIGSpecWriter
 	// overUseInterval is how often over-use is checked (0: never);
 	// stopOverUse kills what is over.
 	overUseInterval time.Duration
@@ -217,6 +226,12 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			svc.driver.MIG = controller
 		default:
 			a.ServeSlices(ctx, controller)
+		}
+		if svc.sliceSpec != nil {
+			a.SliceSpec = svc.sliceSpec.Write
+			if svc.driver != nil {
+				svc.driver.SliceSpec = svc.sliceSpec.Write
+			}
 		}
 	}
 	if svc.driver != nil {
