@@ -74,18 +74,21 @@ func (e *env) draNode(suffix string) *claimNode {
 // shareClaim creates a claim for one card's share: memory GiB and cores %.
 func (e *env) shareClaim(name string, memoryGiB, cores int64) *resourceapi.ResourceClaim {
 	e.tCtx.Helper()
+	return e.createClaim(name, "gpu", &resourceapi.ExactDeviceRequest{
+		DeviceClassName: "gpu-share.tessera.io",
+		Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
+			gpuinfo.DRAMemory: *resource.NewQuantity(memoryGiB<<30, resource.BinarySI),
+			gpuinfo.DRACores:  *resource.NewQuantity(cores, resource.DecimalSI),
+		}},
+	})
+}
+
+// createClaim creates a claim of one request.
+func (e *env) createClaim(name, request string, exactly *resourceapi.ExactDeviceRequest) *resourceapi.ResourceClaim {
+	e.tCtx.Helper()
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "gpu",
-			Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: "gpu-share.tessera.io",
-				Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-					gpuinfo.DRAMemory: *resource.NewQuantity(memoryGiB<<30, resource.BinarySI),
-					gpuinfo.DRACores:  *resource.NewQuantity(cores, resource.DecimalSI),
-				}},
-			},
-		}}}},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: request, Exactly: exactly}}}},
 	}
 	created, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.tCtx, claim, metav1.CreateOptions{})
 	if err != nil {

@@ -22,19 +22,10 @@ import (
 // the CEL selector picks.
 func (e *env) migClaim(name, selector string) {
 	e.tCtx.Helper()
-	claim := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{
-			Name: "slice",
-			Exactly: &resourceapi.ExactDeviceRequest{
-				DeviceClassName: "mig.tessera.io",
-				Selectors:       []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: selector}}},
-			},
-		}}}},
-	}
-	if _, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.tCtx, claim, metav1.CreateOptions{}); err != nil {
-		e.tCtx.Fatal(err)
-	}
+	e.createClaim(name, "slice", &resourceapi.ExactDeviceRequest{
+		DeviceClassName: "mig.tessera.io",
+		Selectors:       []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{Expression: selector}}},
+	})
 }
 
 // allocatedDevice is the one device the named claim was allocated.

@@ -90,20 +90,7 @@ func TestNominationKeepsTheCardsItsVictimsFreed(t *testing.T) {
 		h.queue.Add(h.ctx, p)
 	}
 
-	ni := h.nodeInfo(node)
-	want := []allocator.Delta{{UUID: "GPU-n-1", Usage: allocator.Usage{MemoryMiB: 20480, Cores: 20}}}
-	if diff := cmp.Diff(want, h.plugin.nominatedOn(h.ctx, first, ni)); diff != "" {
-		t.Errorf("cards the second preemptor holds (-want,+got):\n%s", diff)
-	}
-	state := framework.NewCycleState()
-	h.plugin.PreFilter(h.ctx, state, first, nil)
-	secondInfo, _ := framework.NewPodInfo(second)
-	if s := h.plugin.AddPod(h.ctx, state, first, secondInfo, ni); !s.IsSuccess() {
-		t.Fatal(s)
-	}
-	if s := h.plugin.Filter(h.ctx, state, first, ni); !s.IsSuccess() {
-		t.Errorf("the first preemptor does not fit the card its victim freed: %v", s)
-	}
+	checkFirstKeepsItsCard(t, h, node, first, second, []allocator.Delta{{UUID: "GPU-n-1", Usage: allocator.Usage{MemoryMiB: 20480, Cores: 20}}})
 	// Bound, it claims nothing any more.
 	bound := first.DeepCopy()
 	bound.Spec.NodeName = "n"
@@ -156,20 +143,28 @@ func TestNominatedPodsKeepOffEachOthersCards(t *testing.T) {
 				h.queue.Add(h.ctx, p)
 			}
 
-			ni := h.nodeInfo(node)
-			if diff := cmp.Diff(tc.want, h.plugin.nominatedOn(h.ctx, first, ni)); diff != "" {
-				t.Errorf("cards the second preemptor holds (-want,+got):\n%s", diff)
-			}
-			state := framework.NewCycleState()
-			h.plugin.PreFilter(h.ctx, state, first, nil)
-			secondInfo, _ := framework.NewPodInfo(second)
-			if s := h.plugin.AddPod(h.ctx, state, first, secondInfo, ni); !s.IsSuccess() {
-				t.Fatal(s)
-			}
-			if s := h.plugin.Filter(h.ctx, state, first, ni); !s.IsSuccess() {
-				t.Errorf("the first preemptor does not fit the card its victim freed: %v", s)
-			}
+			checkFirstKeepsItsCard(t, h, node, first, second, tc.want)
 		})
+	}
+}
+
+// checkFirstKeepsItsCard checks, in the first preemptor's cycle on node,
+// what the second, nominated there too, holds (want), and that the first
+// fits beside it.
+func checkFirstKeepsItsCard(t *testing.T, h *harness, node *v1.Node, first, second *v1.Pod, want []allocator.Delta) {
+	t.Helper()
+	ni := h.nodeInfo(node)
+	if diff := cmp.Diff(want, h.plugin.nominatedOn(h.ctx, first, ni)); diff != "" {
+		t.Errorf("cards the second preemptor holds (-want,+got):\n%s", diff)
+	}
+	state := framework.NewCycleState()
+	h.plugin.PreFilter(h.ctx, state, first, nil)
+	secondInfo, _ := framework.NewPodInfo(second)
+	if s := h.plugin.AddPod(h.ctx, state, first, secondInfo, ni); !s.IsSuccess() {
+		t.Fatal(s)
+	}
+	if s := h.plugin.Filter(h.ctx, state, first, ni); !s.IsSuccess() {
+		t.Errorf("the first preemptor does not fit the card its victim freed: %v", s)
 	}
 }
 
