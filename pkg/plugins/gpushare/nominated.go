@@ -133,9 +133,16 @@ func holdUntil(victim *v1.Pod) time.Time {
 // cannot pin it, nor can another preemptor's victims. After a scheduler
 // restart, which preemptor chose which victim is not known: any victim of
 // lower priority on the node holds it then, as upstream's eligibility check
-// has it, still no longer than holdUntil.
+// has it, still no longer than holdUntil. The node is the pod's nomination,
+// or where the book has its victims: the nomination's status update can
+// reach the scheduling queue after the pod's next cycle has begun, and that
+// cycle, seeing no nomination, would otherwise look everywhere and preempt
+// again elsewhere while its first victims still terminate.
 func (p *Plugin) awaitVictims(pod *v1.Pod, now time.Time) *fwk.PreFilterResult {
 	nominated := pod.Status.NominatedNodeName
+	if nominated == "" {
+		nominated = p.victims.claimNode(pod.UID)
+	}
 	lister := p.handle.SnapshotSharedLister()
 	if nominated == "" || lister == nil {
 		return nil

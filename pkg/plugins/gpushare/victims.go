@@ -133,6 +133,14 @@ func (b *victimBook) claimed(preemptor types.UID, node string) sets.Set[string] 
 	return uuids
 }
 
+// claimNode is the node preemptor's victims were evicted from, "" when the
+// book records none for it.
+func (b *victimBook) claimNode(preemptor types.UID) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.claims[preemptor].node
+}
+
 // assignedCards returns the UUIDs of the cards a bound pod's assignment
 // names; none when it has no valid one.
 func assignedCards(pod *v1.Pod) []string {

@@ -168,6 +168,28 @@ func checkFirstKeepsItsCard(t *testing.T, h *harness, node *v1.Node, first, seco
 	}
 }
 
+// TestPreemptorWaitsBeforeItsNominationShows: a preemptor retried before
+// the status update carrying its nomination reached the scheduling queue
+// (its pod object names no node yet) is still held to the node its victim
+// is terminating on. Before, that cycle saw no nomination, looked at every
+// node, and preempted again on another one: its first victim evicted for
+// nothing (the randomized preemption test's flake, seed 3).
+func TestPreemptorWaitsBeforeItsNominationShows(t *testing.T) {
+	nodes := []*v1.Node{testutil.GPUNode("a", testutil.Inventory("a", "A100", 81920, 1)), testutil.GPUNode("b", testutil.Inventory("b", "A100", 81920, 1))}
+	victim := evicted(boundPod("victim", "b", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-b-0", MemoryMiB: 20480, Cores: 20}}}))
+	preemptor := gpuPod("preemptor", testutil.Share(20480, 20)).Priority(1000).Obj()
+	h := newHarness(t, nil, nodes[0], nodes[1], victim, preemptor)
+	h.plugin.victims.record(victim, []types.UID{preemptor.UID})
+
+	res, status := h.plugin.PreFilter(h.ctx, framework.NewCycleState(), preemptor, nil)
+	if !status.IsSuccess() {
+		t.Fatal(status)
+	}
+	if res == nil || !res.NodeNames.Equal(sets.New("b")) {
+		t.Errorf("PreFilter result %v, want the preemptor held to node b while its victim terminates", res)
+	}
+}
+
 func TestEvictedFor(t *testing.T) {
 	preemptor := gpuPod("preemptor", testutil.Cards(1)).Priority(1000).Obj()
 	other := gpuPod("other", testutil.Cards(1)).Priority(1000).Obj()
