@@ -158,3 +158,32 @@ func (p *Plugin) awaitVictims(pod *v1.Pod, now time.Time) *fwk.PreFilterResult {
 	}
 	return nil
 }
+
+// preferVictimsNode tries first, for a preemptor whose pod object does not
+// show its nomination yet, the node its victims were evicted from, as
+// kube-scheduler tries a nominated node first: where the pod's GPUs fit
+// there now (beside the pods nominated there), only that node. Without it,
+// a cycle running before the nomination reached the pod object chose among
+// all nodes by score and could bind elsewhere, its victims evicted for
+// nothing. Nil where it does not fit there, or the pod has no victims.
+func (p *Plugin) preferVictimsNode(ctx context.Context, pod *v1.Pod, s *cycleState) *fwk.PreFilterResult {
+	if pod.Status.NominatedNodeName != "" {
+		return nil
+	}
+	node := p.victims.claimNode(pod.UID)
+	lister := p.handle.SnapshotSharedLister()
+	if node == "" || lister == nil {
+		return nil
+	}
+	nodeInfo, err := lister.NodeInfos().Get(node)
+	if err != nil || nodeInfo.Node() == nil {
+		return nil
+	}
+	trial := s.Clone().(*cycleState)
+	trial.addDeltas(node, p.nominatedOn(ctx, pod, nodeInfo))
+	out, err := p.fit(trial, nodeInfo, p.records.lookup(nodeInfo.Node()), allocator.Strategy{Policy: p.gpuPolicy, Reserve: reservedOn(s.reservations, nodeInfo.Node())})
+	if err != nil || !out.Fits {
+		return nil
+	}
+	return &fwk.PreFilterResult{NodeNames: sets.New(node)}
+}

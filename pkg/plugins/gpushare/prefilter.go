@@ -39,6 +39,9 @@ func (p *Plugin) PreFilter(ctx context.Context, state fwk.CycleState, pod *v1.Po
 	if res := p.awaitVictims(pod, time.Now()); res != nil {
 		return res, nil
 	}
+	if res := p.preferVictimsNode(ctx, pod, getState(state)); res != nil {
+		return res, nil
+	}
 	return p.prune(pod, getState(state)), nil
 }
 

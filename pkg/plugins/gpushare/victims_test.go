@@ -190,6 +190,28 @@ func TestPreemptorWaitsBeforeItsNominationShows(t *testing.T) {
 	}
 }
 
+// TestPreemptorPrefersItsVictimsNode: once its victim is gone, a preemptor
+// whose pod object does not show its nomination yet is tried on its
+// victim's node first, as kube-scheduler tries a nominated node: where it
+// fits there, only there. Before, the cycle chose among all nodes by score
+// and could bind elsewhere, its victim evicted for nothing.
+func TestPreemptorPrefersItsVictimsNode(t *testing.T) {
+	nodes := []*v1.Node{testutil.GPUNode("a", testutil.Inventory("a", "A100", 81920, 1)), testutil.GPUNode("b", testutil.Inventory("b", "A100", 81920, 1))}
+	gone := evicted(boundPod("victim", "b", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-b-0", MemoryMiB: 20480, Cores: 20}}}))
+	preemptor := gpuPod("preemptor", testutil.Share(20480, 20)).Priority(1000).Obj()
+	h := newHarness(t, nil, nodes[0], nodes[1], preemptor)
+	h.plugin.victims.record(gone, []types.UID{preemptor.UID})
+	h.plugin.victims.drop(gone.UID)
+
+	res, status := h.plugin.PreFilter(h.ctx, framework.NewCycleState(), preemptor, nil)
+	if !status.IsSuccess() {
+		t.Fatal(status)
+	}
+	if res == nil || !res.NodeNames.Equal(sets.New("b")) {
+		t.Errorf("PreFilter result %v, want node b, where the preemptor's victim was", res)
+	}
+}
+
 func TestEvictedFor(t *testing.T) {
 	preemptor := gpuPod("preemptor", testutil.Cards(1)).Priority(1000).Obj()
 	other := gpuPod("other", testutil.Cards(1)).Priority(1000).Obj()
