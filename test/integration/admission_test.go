@@ -487,7 +487,7 @@ func TestWorkloadsMeetPodSecurity(t *testing.T) {
 		wantViolations string
 	}{
 		{"Deployment", "tessera-scheduler", "restricted", ""},
-		{"DaemonSet", "tessera-node-agent", "baseline", `host namespaces (hostPID=true), hostPath volumes (volumes "device-plugins", "nri", "vgpu", "vgpu-cache"), privileged (container "agent" must not set securityContext.privileged=true)`},
+		{"DaemonSet", "tessera-node-agent", "baseline", `host namespaces (hostPID=true), hostPath volumes (volumes "device-plugins", "nri", "vgpu", "vgpu-cache", "cdi", "cdi-static"), privileged (container "agent" must not set securityContext.privileged=true)`},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			ns, err := e.client.CoreV1().Namespaces().Create(e.tCtx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
