@@ -116,7 +116,9 @@ func TestMIGSpecWriter(t *testing.T) {
 // TestMIGSpecWithoutCaps: a slice whose capability devices the driver does
 // not list gets no spec, with the reason, rather than one without them.
 func TestMIGSpecWithoutCaps(t *testing.T) {
-	w := &MIGSpecWriter{Dir: t.TempDir(), Caps: func() (MIGCaps, error) { return MIGCaps{Major: -1, Minors: map[string]int64{"gpu3/gi2/access": 30}}, nil }}
+	w := &MIGSpecWriter{Dir: t.TempDir(), Caps: func() (MIGCaps, error) {
+		return MIGCaps{Major: -1, Minors: map[string]int64{"gpu3/gi2/access": 30}}, nil
+	}}
 	err := w.Write(migCards())
 	if err == nil || !strings.Contains(err.Error(), "card 1, MIG slice 3g.20gb at slot 4 (GPU instance 2, compute instance 0): the driver lists 1 of its 2 capability devices") {
 		t.Errorf("error %v, want the slice and its missing capability", err)

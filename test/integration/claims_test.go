@@ -88,7 +88,7 @@ func (e *env) createClaim(name, request string, exactly *resourceapi.ExactDevice
 	e.tCtx.Helper()
 	claim := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: e.ns},
-		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: request, Exactly: exactly}}}},
+		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{{Name: request, Exactly: exactly}}}},
 	}
 	created, err := e.client.ResourceV1().ResourceClaims(e.ns).Create(e.tCtx, claim, metav1.CreateOptions{})
 	if err != nil {
