@@ -71,12 +71,12 @@ func (p *Plugin) devices() ([]*pluginapi.Device, <-chan struct{}) {
 		if !c.Healthy {
 			health = pluginapi.Unhealthy
 		}
-		var topology *pluginapi.TopologyInfo
-		if c.NUMANode >= 0 {
-			topology = &pluginapi.TopologyInfo{Nodes: []*pluginapi.NUMANode{{ID: int64(c.NUMANode)}}}
-		}
+		// No topology: the scheduler, not kubelet, chooses the cards, so a
+		// NUMA hint would let kubelet's topology manager pin the
+		// container's CPUs (and book units) beside a card it will not get;
+		// with none the resource is "don't care" under every policy.
 		for i := 0; i < p.Split; i++ {
-			devs = append(devs, &pluginapi.Device{ID: fmt.Sprintf("%s::%d", c.UUID, i), Health: health, Topology: topology})
+			devs = append(devs, &pluginapi.Device{ID: fmt.Sprintf("%s::%d", c.UUID, i), Health: health})
 		}
 	}
 	return devs, p.changed
