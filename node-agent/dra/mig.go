@@ -18,6 +18,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -254,10 +255,7 @@ func (d *Driver) slice(claim types.UID, card discovery.Card, device string) (ent
 	if !instance.Healthy {
 		return entry, in, made, created, fmt.Errorf("MIG slice %s at slot %d of card %d (%s) is out of service", profile, start, card.Index, instance.UUID)
 	}
-	entry = gpuinfo.CardAssignment{
-		Index: card.Index, UUID: card.UUID, MemoryMiB: p.MemoryMiB, Cores: gpuinfo.FullCores,
-		MIG: &gpuinfo.MIGSlice{Profile: profile, Start: start, UUID: instance.UUID},
-	}
+	entry = enforce.SliceEntry(card, p, instance)
 	return entry, *instance, made, created, nil
 }
 
@@ -298,14 +296,7 @@ func (d *Driver) makeSlice(claim types.UID, key sliceKey) (*gpuinfo.MIGInstance,
 	if err := d.writeSliceSpec(); err != nil {
 		err = fmt.Errorf("card %d, MIG slice %s at slot %d: writing its CDI spec: %w", key.card, key.profile, key.start, err)
 		// Not handed over: made for nothing.
-		if destroyErr := d.MIG.DestroyMIGSlice(key.card, key.profile, key.start); destroyErr != nil {
-			return nil, errors.Join(err, destroyErr)
-		}
-		d.mu.Lock()
-		delete(d.owned, key)
-		d.mu.Unlock()
-		_, rereadErr := d.reread(key.card)
-		return nil, errors.Join(err, rereadErr)
+		return nil, errors.Join(err, d.destroyLocked(key))
 	}
 	return in, nil
 }
@@ -351,22 +342,28 @@ func (d *Driver) destroySlices(keys []sliceKey) error {
 	defer d.cutting.Unlock()
 	var errs []error
 	for _, k := range keys {
-		if err := d.MIG.DestroyMIGSlice(k.card, k.profile, k.start); err != nil {
-			errs = append(errs, fmt.Errorf("destroying MIG slice %s at slot %d of card %d: %w", k.profile, k.start, k.card, err))
-			continue
-		}
-		d.mu.Lock()
-		delete(d.owned, k)
-		d.mu.Unlock()
-		if _, err := d.reread(k.card); err != nil {
-			errs = append(errs, fmt.Errorf("reading card %d after destroying its MIG slice %s at slot %d: %w", k.card, k.profile, k.start, err))
-		}
+		errs = append(errs, d.destroyLocked(k))
 	}
 	d.publish()
 	if err := d.writeSliceSpec(); err != nil {
 		errs = append(errs, fmt.Errorf("writing the CDI spec of the MIG slices: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// destroyLocked destroys a slice made for a claim and forgets whose it was
+// (a slice it cannot destroy stays the claim's); the caller holds cutting.
+func (d *Driver) destroyLocked(k sliceKey) error {
+	if err := d.MIG.DestroyMIGSlice(k.card, k.profile, k.start); err != nil {
+		return fmt.Errorf("destroying MIG slice %s at slot %d of card %d: %w", k.profile, k.start, k.card, err)
+	}
+	d.mu.Lock()
+	delete(d.owned, k)
+	d.mu.Unlock()
+	if _, err := d.reread(k.card); err != nil {
+		return fmt.Errorf("reading card %d after destroying its MIG slice %s at slot %d: %w", k.card, k.profile, k.start, err)
+	}
+	return nil
 }
 
 // reread reads card index again from the backend after its slices changed

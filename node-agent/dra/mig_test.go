@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -105,7 +106,7 @@ func TestMIGResources(t *testing.T) {
 				}
 			}
 		}
-		if diff := cmp.Diff(slots, got, sortStrings); diff != "" {
+		if diff := cmp.Diff(slots, got, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
 			t.Errorf("%s consumes (-want,+got):\n%s", dev.Name, diff)
 		}
 		if attr := dev.Attributes["profile"].StringValue; attr == nil || *attr != p.profile {
@@ -127,19 +128,6 @@ func TestMIGResources(t *testing.T) {
 		t.Errorf("slot 6 under a claim's slice counts %s, want 1", got.String())
 	}
 }
-
-// sortStrings compares string lists as sets.
-var sortStrings = cmp.Transformer("sort", func(in []string) []string {
-	out := append([]string(nil), in...)
-	for i := range out {
-		for j := i + 1; j < len(out); j++ {
-			if out[j] < out[i] {
-				out[i], out[j] = out[j], out[i]
-			}
-		}
-	}
-	return out
-})
 
 // TestPrepareMIGSlice: preparing a claim of a dynamic placement makes the
 // slice and hands over its MIG device whole; a restarted driver knows whose

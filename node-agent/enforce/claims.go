@@ -165,8 +165,14 @@ func claimSlice(card discovery.Card, device string) (gpuinfo.CardAssignment, err
 	if in == nil {
 		return gpuinfo.CardAssignment{}, fmt.Errorf("card %d (%s) has no MIG slice %s at slot %d yet (kubelet will retry)", card.Index, card.UUID, profile, start)
 	}
+	return SliceEntry(card, p, in), nil
+}
+
+// SliceEntry is the assignment entry of a claim's MIG slice in on card, of
+// profile p: held whole, all of the slice's memory and compute.
+func SliceEntry(card discovery.Card, p *gpuinfo.MIGProfile, in *gpuinfo.MIGInstance) gpuinfo.CardAssignment {
 	return gpuinfo.CardAssignment{
 		Index: card.Index, UUID: card.UUID, MemoryMiB: p.MemoryMiB, Cores: gpuinfo.FullCores,
-		MIG: &gpuinfo.MIGSlice{Profile: profile, Start: start, UUID: in.UUID},
-	}, nil
+		MIG: &gpuinfo.MIGSlice{Profile: p.Name, Start: in.Start, UUID: in.UUID},
+	}
 }
