@@ -120,14 +120,14 @@ func (d *Driver) prepare(claim *resourceapi.ResourceClaim) (_ []kubeletplugin.De
 		var share gpuinfo.CardAssignment
 		if isSlice {
 			entry, in, key, isNew, err := d.slice(claim.UID, card, r.Device)
+			if isNew {
+				created = append(created, *key)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("request %q: %w", r.Request, err)
 			}
 			if key != nil {
 				made = append(made, *key)
-			}
-			if isNew {
-				created = append(created, *key)
 			}
 			share = entry
 			slices = append(slices, enforce.SliceDevice{MIGInstance: in, Dynamic: card.MIGDynamic})
