@@ -116,6 +116,13 @@ func TestAdmissionPolicies(t *testing.T) {
 				Devices: []resourceapi.Device{{Name: "gpu-0"}}},
 		}
 	}
+	migCounters := func(node string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-"},
+			Spec: resourceapi.ResourceSliceSpec{Driver: "tessera.io", NodeName: ptr.To(node), Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 2},
+				SharedCounters: []resourceapi.CounterSet{{Name: gpuinfo.DRAMIGCounterSet(0), Counters: map[string]resourceapi.Counter{gpuinfo.DRASlotCounter(0): {Value: resource.MustParse("1")}}}}},
+		}
+	}
 	dryPatch := metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}
 	gpuPod := func(name string) *v1.Pod {
 		p := e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu": 1})
@@ -414,6 +421,19 @@ func TestAdmissionPolicies(t *testing.T) {
 			s := slice("tessera.io", nodeA)
 			s.Spec.Pool.Name = nodeB
 			_, err := agentA.ResourceV1().ResourceSlices().Create(e.tCtx, s, dry)
+			return err
+		}},
+		// The counters of a dynamic MIG card's placements (docs/mig.md):
+		// a slice of counters into another node's pool would let an agent
+		// free or block that node's slices.
+		{"an agent publishes MIG slot counters in another node's pool", install.PolicyDRASlices, func() error {
+			s := migCounters(nodeA)
+			s.Spec.Pool.Name = nodeB
+			_, err := agentA.ResourceV1().ResourceSlices().Create(e.tCtx, s, dry)
+			return err
+		}},
+		{"an agent publishes its node's MIG slot counters", allowed, func() error {
+			_, err := agentA.ResourceV1().ResourceSlices().Create(e.tCtx, migCounters(nodeA), dry)
 			return err
 		}},
 		{"an agent deletes its node's ResourceSlice", allowed, func() error {
