@@ -66,6 +66,9 @@ type Card struct {
 	// device, so only its slices take pods. MIGDynamic marks one whose
 	// slices are made as pods need them.
 	MIG, MIGDynamic bool
+	// Links is the node's link matrix, shared by its whole cards; nil when
+	// the node reports none.
+	Links *Links
 	// Slice, when set, makes this entry one MIG slice of a card in MIG mode
 	// (which precedes it): Index, Model and UUIDLower are the card's, UUID
 	// is the slice's SliceKey and Capacity the slice's memory and the whole
@@ -105,8 +108,10 @@ func (sl *Slice) Exists() bool { return sl.DeviceUUID != "" }
 // every profile that the existing slices leave room for.
 func NewCards(inv *gpuinfo.Inventory) []Card {
 	cards := make([]Card, 0, len(inv.Cards))
+	links := NewLinks(inv)
 	for _, c := range inv.Cards {
 		cards = append(cards, NewCard(c))
+		cards[len(cards)-1].Links = links
 		cards = appendSlices(cards, c)
 	}
 	return cards

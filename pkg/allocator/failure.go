@@ -27,6 +27,12 @@ const (
 	// Reserved: the pod would fit but for the cards reserved for other pods
 	// (Strategy.Reserve).
 	Reserved
+	// NoLinkedSet: a multi-card container found enough cards with room,
+	// but no set of them linked as the pod requires (Link).
+	NoLinkedSet
+	// NoTopology: the pod requires linked cards (Link) and the node reports
+	// no links between its cards.
+	NoTopology
 )
 
 // Failure details why a pod does not fit.
@@ -45,6 +51,8 @@ type Failure struct {
 	InSlices bool
 	// Profile is the MIG profile the pod asked for (NoMIGSlice).
 	Profile string
+	// Link is the link class the pod requires (NoLinkedSet, NoTopology).
+	Link gpuinfo.LinkClass
 }
 
 // Message describes the failure for an operator, e.g. "no GPU has 8192 MiB
@@ -72,6 +80,11 @@ func (f *Failure) Message(selector string) string {
 		return "no GPU in MIG mode with a healthy slice"
 	case Reserved:
 		return strconv.Itoa(f.Reserved) + " GPUs reserved for other pods"
+	case NoTopology:
+		return "node reports no GPU topology (" + gpuinfo.TopologyAnnotation + ": " + gpuinfo.TopologyName(f.Link) + ")"
+	case NoLinkedSet:
+		b := strconv.AppendInt([]byte("no "), int64(f.Container.Count), 10)
+		return string(append(append(b, " free GPUs linked by "...), gpuinfo.TopologyName(f.Link)...))
 	case TooFewCards:
 		if f.Fit > 0 {
 			b := strconv.AppendInt([]byte("fewer than "), int64(f.Container.Count), 10)

@@ -27,6 +27,22 @@ type Outcome struct {
 	// fragmentation with respect to the strategy's workload, in per mille
 	// of a card; 0 without a workload.
 	FragmentationDelta float64
+	// Link is the worst link between two cards of one of the pod's
+	// multi-card containers, LinkUnknown where the node reports none, and
+	// above gpuinfo.LinkNVLink for a pod without multi-card containers;
+	// LinkSum sums those containers' links (Outcome.LinkRank).
+	Link    gpuinfo.LinkClass
+	LinkSum int
+}
+
+// LinkRank ranks the links the placement gives the pod's multi-card
+// containers, higher better: the worst link, then the sum. Every placement
+// of a pod without multi-card containers ranks the same.
+func (o *Outcome) LinkRank() int64 {
+	if o.Link >= noSet {
+		return 0
+	}
+	return int64(o.Link)<<16 | int64(min(o.LinkSum, 1<<16-1))
 }
 
 // scratch is Place's working memory, pooled so Place does not allocate.
@@ -49,6 +65,13 @@ type scratch struct {
 	frag   fragment
 	// fragBefore is the node's fragmentation before the placement.
 	fragBefore float64
+	// link and linkSum are the worst link and the sum of the links of the
+	// sets placed (Outcome.Link, Outcome.LinkSum).
+	link    gpuinfo.LinkClass
+	linkSum int
+	// cand and set are placeSet's.
+	cand [gpuinfo.MaxCardsPerNode]setCandidate
+	set  setSearch
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -166,18 +189,19 @@ func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out 
 		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli)
 		s.fragBefore = s.frag.value(w)
 	}
+	s.link, s.linkSum = noSet, 0
 	policy := st.Policy
 	if policy == FragmentationAware && (w == nil || len(req.Containers) > 1) {
 		policy = Binpack
 	}
 	for ci := range req.Containers {
 		c := &req.Containers[ci]
-		if f, ok := s.placeContainer(cards[:n], c, policy, w, out); !ok {
+		if f, ok := s.placeContainer(cards[:n], c, policy, w, req.Topology, out); !ok {
 			f.Container = c
 			return Outcome{Failure: f}
 		}
 	}
-	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards)}
+	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards), Link: s.link, LinkSum: s.linkSum}
 	if w != nil {
 		for i := range cards[:n] {
 			if s.charge[i] != (Usage{}) && cards[i].TakesShares() {
@@ -190,16 +214,25 @@ func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out 
 	return o
 }
 
-// placeContainer places one container, updating free, charge and base.
-func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, policy Policy, w *Workload, out *gpuinfo.Assignment) (Failure, bool) {
+// placeContainer places one container, updating free, charge and base: a
+// multi-card container on a node that reports its links (or that must have
+// linked cards) as a set (placeSet), every other card by card.
+func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, policy Policy, w *Workload, required gpuinfo.LinkClass, out *gpuinfo.Assignment) (Failure, bool) {
 	for i := range cards {
 		s.taken[i] = false
 	}
 	if s.slices {
 		s.occupy(cards)
 	}
+	links := nodeLinks(cards)
+	if c.Count > 1 && (links != nil || required > gpuinfo.LinkUnknown) {
+		return s.placeSet(cards, c, policy, w, links, required, out)
+	}
+	if c.Count > 1 {
+		s.link = gpuinfo.LinkUnknown
+	}
 	for k := 0; k < c.Count; k++ {
-		best, bestReuse, bestKey := -1, false, int64(0)
+		best, bestReuse, bestKey, bestDamage := -1, false, int64(0), int64(-1)
 		for i := range cards {
 			if !s.eligible[i] || s.taken[i] || s.slices && !s.placeable(cards, i) {
 				continue
@@ -218,31 +251,56 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 				if key, beaten = s.sliceKey(cards, i, c, policy, key, best >= 0 && reuse == bestReuse, bestKey); beaten {
 					continue
 				}
-			case policy == Binpack:
-				key = -key
 			case policy == FragmentationAware:
-				// A card like one already ranked ranks the same.
-				if j := sameCard(cards, s.free[:len(cards)], i); j >= 0 && s.eligible[j] && !s.taken[j] && best >= 0 {
+				// A card like one already ranked ranks the same, unless
+				// their links differ.
+				if j := sameCard(cards, s.free[:len(cards)], i); links == nil && j >= 0 && s.eligible[j] && !s.taken[j] && best >= 0 {
 					continue
 				}
 				key = s.fragKey(w, cards, i, nd, key)
+			default:
+				key = policyKey(policy, key)
 			}
-			if best < 0 || (reuse && !bestReuse) || (reuse == bestReuse && key > bestKey) {
-				best, bestReuse, bestKey = i, reuse, key
+			switch {
+			case best < 0 || (reuse && !bestReuse) || (reuse == bestReuse && key > bestKey):
+				best, bestReuse, bestKey, bestDamage = i, reuse, key, -1
+			case reuse == bestReuse && key == bestKey && links != nil && card.Slice == nil:
+				// The look-ahead breaks the tie.
+				if bestDamage < 0 {
+					bestDamage = s.lookahead(cards, best)
+				}
+				if d := s.lookahead(cards, i); d < bestDamage {
+					best, bestDamage = i, d
+				}
 			}
 		}
 		if best < 0 {
 			return s.failure(cards, c, k), false
 		}
-		s.taken[best] = true
-		card := &cards[best]
-		nd, _ := need(c, card)
-		s.commit(best, c.Kind, nd)
-		if out != nil {
-			out.Containers[c.Name] = append(out.Containers[c.Name], card.assign(c))
-		}
+		s.take(cards, best, c, out)
 	}
 	return Failure{}, true
+}
+
+// policyKey ranks a whole card by the policy, higher first, from what it
+// would have left (leftoverPermille): Binpack prefers the tightest fit,
+// Spread the loosest.
+func policyKey(policy Policy, leftover int64) int64 {
+	if policy == Spread {
+		return leftover
+	}
+	return -leftover
+}
+
+// take gives card i to container c.
+func (s *scratch) take(cards []Card, i int, c *gpuinfo.ContainerRequest, out *gpuinfo.Assignment) {
+	s.taken[i] = true
+	card := &cards[i]
+	nd, _ := need(c, card)
+	s.commit(i, c.Kind, nd)
+	if out != nil {
+		out.Containers[c.Name] = append(out.Containers[c.Name], card.assign(c))
+	}
 }
 
 // occupy computes, for each card in MIG mode, the memory slots its slices

@@ -8,12 +8,15 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/topology"
 )
 
 func TestInventoryRoundTrip(t *testing.T) {
 	whole := testutil.Inventory("n1", "NVIDIA A100-SXM4-80GB", 81920, 8)
 	whole.Cards[3].Healthy = false
-	for name, inv := range map[string]*gpuinfo.Inventory{"version 1": whole, "version 2, MIG": migInventory()} {
+	linked := testutil.Inventory("n1", "NVIDIA H100 80GB HBM3", 81920, 8)
+	topology.Apply(linked, topology.NVLinkQuads)
+	for name, inv := range map[string]*gpuinfo.Inventory{"version 1": whole, "version 2, MIG": migInventory(), "version 2, topology": linked} {
 		raw, err := inv.Encode()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -44,6 +47,11 @@ func TestDecodeInventoryErrors(t *testing.T) {
 	card := func(fields string) string {
 		return `{"version":1,"cards":[{"index":0,"uuid":"a","model":"T4","memoryMiB":16384,"cores":100,"healthy":true` + fields + `}]}`
 	}
+	twoCards := func(links string) string {
+		return `{"version":2,"links":` + links + `,"cards":[
+			{"index":0,"uuid":"a","model":"T4","memoryMiB":1,"cores":100},
+			{"index":1,"uuid":"b","model":"T4","memoryMiB":1,"cores":100}]}`
+	}
 	tests := []struct {
 		name, raw, wantErr string
 	}{
@@ -64,6 +72,11 @@ func TestDecodeInventoryErrors(t *testing.T) {
 			{"index":0,"uuid":"a","model":"T4","memoryMiB":1,"cores":100},
 			{"index":1,"uuid":"a","model":"T4","memoryMiB":1,"cores":100}]}`, `cards[1].uuid: "a" appears twice`},
 		{"10,000 cards", testutil.EmptyCards(10000), "10000 cards is more than the 64 allowed"},
+		{"links in version 1", `{"version":1,"links":"V","cards":[]}`, "links: needs inventory version 2"},
+		{"links of the wrong length", `{"version":2,"links":"VV","cards":[]}`, "links: 2 letters for 0 cards, want one per pair of cards (0)"},
+		{"unknown link letter", twoCards(`"X"`), `links: letter 0 is 'X', want one of "?SNHBPV"`},
+		{"pcieRoot in version 1", card(`,"pcieRoot":"pci0000:00"`), "cards[0].pcieRoot: needs inventory version 2"},
+		{"malformed pcieRoot", strings.Replace(card(`,"pcieRoot":"/sys/../pci0000:00"`), `"version":1`, `"version":2`, 1), `cards[0].pcieRoot: "/sys/../pci0000:00" is not a PCIe root`},
 		{"oversized", `{"version":1,"cards":[],"pad":"` + strings.Repeat("x", gpuinfo.MaxAnnotationBytes) + `"}`, "larger than"},
 	}
 	for _, tc := range tests {

@@ -12,8 +12,8 @@ import (
 const (
 	// InventoryVersion1 describes whole cards only.
 	InventoryVersion1 = 1
-	// InventoryVersion2 adds each card's MIG geometry (mig); the topology
-	// issue adds to it too.
+	// InventoryVersion2 adds each card's MIG geometry (mig), the links
+	// between the cards (links) and each card's PCIe root (pcieRoot).
 	InventoryVersion2 = 2
 	// InventoryVersion is the newest version this package reads.
 	InventoryVersion = InventoryVersion2
@@ -26,6 +26,10 @@ const maxModelLength = 256
 type Inventory struct {
 	Version int    `json:"version"`
 	Cards   []Card `json:"cards"`
+	// Links is the class of the link between every pair of cards, one of
+	// LinkLetters per pair, pairs in LinkPosition's order of the cards
+	// sorted by index; "" when unknown (version 2 only).
+	Links string `json:"links,omitempty"`
 }
 
 // Card is one GPU as the node agent reports it.
@@ -42,6 +46,9 @@ type Card struct {
 	Cores int64 `json:"cores"`
 	// NUMANode is the card's NUMA node, or -1 when unknown.
 	NUMANode int `json:"numaNode"`
+	// PCIeRoot is the PCIe root complex the card hangs off, "pci0000:00"
+	// as sysfs names it (version 2 only); "" when unknown.
+	PCIeRoot string `json:"pcieRoot,omitempty"`
 	// Healthy is false while the card must not get new work.
 	Healthy bool `json:"healthy"`
 	// MIGEnabled reports that the card is in MIG mode. Only its MIG slices
@@ -112,5 +119,5 @@ func (inv *Inventory) Validate() error {
 			}
 		}
 	}
-	return nil
+	return inv.validateTopology()
 }

@@ -71,6 +71,10 @@ type PodRequest struct {
 	// MIGProfile, when set, is the only MIG profile whose slices serve the
 	// pod (MIGProfileAnnotation).
 	MIGProfile string
+	// Topology is the link class every two cards of a multi-card container
+	// must have between them (TopologyAnnotation); LinkUnknown requires
+	// none.
+	Topology LinkClass
 }
 
 // ParsePodRequest reads a pod's GPU request. It returns nil, nil when no
@@ -112,6 +116,9 @@ func ParsePodRequest(pod *v1.Pod, names ResourceNames) (*PodRequest, error) {
 		return nil, err
 	}
 	if req.Isolation, req.MIGProfile, err = parseIsolation(pod.Annotations, req.Containers, names); err != nil {
+		return nil, err
+	}
+	if req.Topology, err = parseTopology(pod.Annotations); err != nil {
 		return nil, err
 	}
 	return req, nil

@@ -142,6 +142,24 @@ func TestParsePodRequest(t *testing.T) {
 			want: &gpuinfo.PodRequest{Isolation: gpuinfo.MIGSliceShare, Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 1, MemoryMiB: 5000}}},
 		},
 		{
+			name: "four cards linked by NVLink",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "4"}).
+				Annotation(gpuinfo.TopologyAnnotation, "nvlink").Obj(),
+			want: &gpuinfo.PodRequest{Topology: gpuinfo.LinkNVLink, Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 4, Cores: 100}}},
+		},
+		{
+			name: "any link, the default",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "2"}).
+				Annotation(gpuinfo.TopologyAnnotation, "any").Obj(),
+			want: &gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{{Name: "con0", Kind: gpuinfo.AppContainer, Count: 2, Cores: 100}}},
+		},
+		{
+			name: "unknown topology",
+			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu": "2"}).
+				Annotation(gpuinfo.TopologyAnnotation, "NVLINK").Obj(),
+			wantErr: `annotation tessera.io/gpu-topology: must be "nvlink", "pcie-switch", "numa-node" or "any", got "NVLINK"`,
+		},
+		{
 			name: "unknown isolation",
 			pod: st.MakePod().Name("p").Lim(map[v1.ResourceName]string{"tessera.io/gpu-memory": "5000"}).
 				Annotation(gpuinfo.IsolationAnnotation, "MIG").Obj(),
