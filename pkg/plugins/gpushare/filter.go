@@ -91,9 +91,10 @@ func agentBlocks(s *cycleState, node *v1.Node, rec *nodeRecord) string {
 }
 
 // failureCode tells the framework whether preempting pods could help:
-// capacity shortfalls can be, a missing card or selector mismatch cannot.
+// capacity shortfalls (linked cards included) can be, a missing card or
+// selector mismatch cannot.
 func failureCode(k allocator.FailureKind) fwk.Code {
-	if k == allocator.NoCapacity || k == allocator.TooFewCards {
+	if k == allocator.NoCapacity || k == allocator.TooFewCards || k == allocator.NoLinkedSet {
 		return fwk.Unschedulable
 	}
 	return fwk.UnschedulableAndUnresolvable

@@ -34,6 +34,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/apis/config"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/topology"
 )
 
 // harness is a plugin on a framework handle whose informers are fed by a
@@ -286,6 +287,46 @@ func TestScore(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestScorePrefersLinkedCards: under every policy a pod of four whole cards
+// prefers the node where it gets four cards on NVLink to the one where it
+// would not (the fuller one, which Binpack prefers otherwise, and the
+// emptier one, Spread's otherwise).
+func TestScorePrefersLinkedCards(t *testing.T) {
+	quads := func(name string) *v1.Node {
+		inv := testutil.Inventory(name, "H100", 81920, 8)
+		topology.Apply(inv, topology.NVLinkQuads)
+		return testutil.GPUNode(name, inv)
+	}
+	broken, linked, idle := quads("broken"), quads("linked"), quads("idle")
+	holders := []runtime.Object{
+		// "broken" holds a card in each quad and a quarter of another,
+		// "linked" two cards in one quad, "idle" a quarter of one card.
+		boundPod("b0", "broken", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-broken-0", MemoryMiB: 81920, Cores: 100}}}),
+		boundPod("b4", "broken", map[string][]gpuinfo.CardAssignment{"c": {{Index: 4, UUID: "GPU-broken-4", MemoryMiB: 81920, Cores: 100}}}),
+		boundPod("b1", "broken", map[string][]gpuinfo.CardAssignment{"c": {{Index: 1, UUID: "GPU-broken-1", MemoryMiB: 20480, Cores: 25}}}),
+		boundPod("l0", "linked", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-linked-0", MemoryMiB: 81920, Cores: 100}}}),
+		boundPod("l1", "linked", map[string][]gpuinfo.CardAssignment{"c": {{Index: 1, UUID: "GPU-linked-1", MemoryMiB: 81920, Cores: 100}}}),
+		boundPod("i0", "idle", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-idle-0", MemoryMiB: 20480, Cores: 25}}}),
+	}
+	four := gpuPod("four", testutil.Cards(4)).Obj()
+	for _, policy := range []config.Policy{config.PolicyBinpack, config.PolicySpread, config.PolicyFragmentationAware} {
+		t.Run(string(policy), func(t *testing.T) {
+			h := newHarness(t, args(policy, policy), append([]runtime.Object{broken, linked, idle}, holders...)...)
+			got := map[string]int64{}
+			for _, s := range scoreNodes(t, h, four, h.nodeInfo(broken), h.nodeInfo(linked), h.nodeInfo(idle)) {
+				got[s.Name] = s.Score
+			}
+			if got["broken"] >= got["linked"] || got["broken"] >= got["idle"] {
+				t.Errorf("scores %v; want the node without a free NVLink quad below both others", got)
+			}
+			// Between two nodes offering a quad, the policy decides.
+			if fuller := got["linked"] > got["idle"]; fuller != (policy != config.PolicySpread) {
+				t.Errorf("scores %v; want the policy's choice between the nodes with a free quad", got)
+			}
+		})
 	}
 }
 

@@ -110,6 +110,10 @@ func (p *Plugin) explain(s *cycleState, nodeInfo fwk.NodeInfo, claimNodes map[st
 		return shortfall{phrase: "whose free GPUs are reserved for other pods"}
 	case allocator.TooFewCards:
 		return shortfall{phrase: "with at most %s GPUs with room", figure: int64(f.Fit)}
+	case allocator.NoLinkedSet:
+		return shortfall{phrase: "with no " + strconv.Itoa(f.Container.Count) + " GPUs with room linked by " + gpuinfo.TopologyName(f.Link)}
+	case allocator.NoTopology:
+		return shortfall{phrase: "that report no GPU topology"}
 	}
 	c := f.Container
 	switch {

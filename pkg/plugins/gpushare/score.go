@@ -6,7 +6,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	fwk "k8s.io/kube-scheduler/framework"
-	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/helper"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
 )
@@ -37,7 +36,9 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, 
 // it into a preference for the fullest nodes (Binpack) or the emptiest
 // (Spread), so the plugin composes with the other score plugins and their
 // weights. For FragmentationAware it is how little the placement raises the
-// node's fragmentation, ties going to the fuller node.
+// node's fragmentation, ties going to the fuller node. For a pod with
+// multi-card containers, the links of the best set each node offers come
+// first (normalizeLinked).
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s := getState(state)
 	if s == nil {
@@ -72,9 +73,9 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 func (p *Plugin) scoresFromFilter() bool { return !p.usesWorkload() }
 
 // usageScore is the Binpack and Spread score of a placement: the node's
-// usage after it, 0-100.
+// usage after it, 0-100, with the placement's link rank (withLinks).
 func usageScore(out allocator.Outcome) int64 {
-	return out.UsedPermille * fwk.MaxNodeScore / 1000
+	return withLinks(out, out.UsedPermille*fwk.MaxNodeScore/1000)
 }
 
 // noGPUsRank is a node without usable GPUs' fragmentation-aware score for a
@@ -112,10 +113,14 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return p }
 // ranks them for FragmentationAware. A pod without GPUs is never reversed:
 // under every policy it goes where it strands the least GPU.
 func (p *Plugin) NormalizeScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, scores fwk.NodeScoreList) *fwk.Status {
-	if p.nodePolicy == allocator.FragmentationAware {
-		rankScores(scores)
-		return nil
+	normalize := rankScores
+	if p.nodePolicy != allocator.FragmentationAware {
+		normalize = linearNormalizer(p.nodePolicy == allocator.Spread && getCPUOnlyState(state) == nil)
 	}
-	reverse := p.nodePolicy == allocator.Spread && getCPUOnlyState(state) == nil
-	return helper.DefaultNormalizeScore(fwk.MaxNodeScore, reverse, scores)
+	if s := getState(state); s != nil && multiCard(s.req) {
+		normalizeLinked(scores, normalize, p.nodePolicy == allocator.FragmentationAware)
+	} else {
+		normalize(scores)
+	}
+	return nil
 }
