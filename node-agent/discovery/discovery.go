@@ -21,6 +21,12 @@ type Card struct {
 	MemoryMiB int64
 	// NUMANode is -1 when unknown.
 	NUMANode int
+	// PCIeRoot is the card's PCIe root complex as sysfs names it,
+	// "pci0000:00"; "" when unknown.
+	PCIeRoot string
+	// Links is the class of the card's link to each card of the node, by
+	// that card's index; nil when unknown.
+	Links []gpuinfo.LinkClass
 	// MIGEnabled reports the card's current MIG mode.
 	MIGEnabled bool
 	// MIG is the card's MIG geometry when it is in MIG mode and the backend
@@ -77,14 +83,23 @@ type XIDWatcher interface {
 	WatchXIDs(ctx context.Context, report func(uuid string, xid uint64)) error
 }
 
-// Inventory converts cards into the inventory annotation's content, in the
-// oldest version that describes them, newest at most: version 2 where a card
-// in MIG mode has its geometry (its slices take pods), else version 1, which
-// schedulers of every release read. With newest 1 the geometry is left out:
-// cards in MIG mode then take no pods. A dynamic card's geometry is a copy
-// marked Dynamic.
+// Inventory converts cards (by index) into the inventory annotation's
+// content, in the oldest version that describes them, newest at most:
+// version 2 where a card in MIG mode has its geometry (its slices take pods)
+// or the links between several cards are known (multi-card pods get the best
+// linked cards), else version 1, which schedulers of every release read. With
+// newest 1 the geometry and the links are left out: cards in MIG mode then
+// take no pods, and multi-card pods get cards by usage alone. A dynamic
+// card's geometry is a copy marked Dynamic. Version 2 also carries each
+// card's PCIe root.
 func Inventory(cards []Card, newest int) *gpuinfo.Inventory {
 	inv := &gpuinfo.Inventory{Version: gpuinfo.InventoryVersion1, Cards: []gpuinfo.Card{}}
+	if newest >= gpuinfo.InventoryVersion2 {
+		inv.Links = links(cards)
+	}
+	if inv.Links != "" {
+		inv.Version = gpuinfo.InventoryVersion2
+	}
 	for _, c := range cards {
 		card := gpuinfo.Card{
 			Index: c.Index, UUID: c.UUID, Model: c.Model, MemoryMiB: c.MemoryMiB,
@@ -96,7 +111,33 @@ func Inventory(cards []Card, newest int) *gpuinfo.Inventory {
 		}
 		inv.Cards = append(inv.Cards, card)
 	}
+	if inv.Version >= gpuinfo.InventoryVersion2 {
+		for i := range inv.Cards {
+			inv.Cards[i].PCIeRoot = cards[i].PCIeRoot
+		}
+	}
 	return inv
+}
+
+// links encodes the links between the cards; "" when there are fewer than
+// two or none is known.
+func links(cards []Card) string {
+	known := false
+	link := func(i, j int) gpuinfo.LinkClass {
+		if peer := cards[j].Index; peer < len(cards[i].Links) {
+			return cards[i].Links[peer]
+		}
+		return gpuinfo.LinkUnknown
+	}
+	for i := range cards {
+		for j := i + 1; j < len(cards) && !known; j++ {
+			known = link(i, j) != gpuinfo.LinkUnknown
+		}
+	}
+	if !known {
+		return ""
+	}
+	return gpuinfo.EncodeLinks(len(cards), link)
 }
 
 // publishedMIG is card c's MIG geometry as the inventory publishes it: a

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/topology"
 )
 
 // knownModels maps the short names accepted by the simulated backend to
@@ -33,7 +34,9 @@ var knownModels = map[string]struct {
 // "1xA100-40GB:mig=3g.20gb+1g.5gb+1g.5gb@6" (an empty list, "mig=", is MIG
 // mode without instances); "mig-dynamic=" instead of "mig=" makes the cards
 // dynamic (Card.MIGDynamic), their slices created and destroyed through the
-// backend's MIGController methods. UUIDs derive from the node name, so they
+// backend's MIGController methods. A part "topology=SHAPE" gives the node's
+// cards the links of a topology.Shapes shape, e.g.
+// "8xH100-80GB,topology=nvlink-quads". UUIDs derive from the node name, so they
 // are stable across restarts.
 type Simulated struct {
 	node string
@@ -57,8 +60,16 @@ func (s *Simulated) SetMIGFailure(reason string) {
 // NewSimulated parses spec for the named node.
 func NewSimulated(node, spec string) (*Simulated, error) {
 	s := &Simulated{node: node}
+	shape := ""
 	for _, part := range strings.Split(spec, ",") {
 		part = strings.TrimSpace(part)
+		if v, ok := strings.CutPrefix(part, "topology="); ok {
+			if !topology.Valid(v) {
+				return nil, fmt.Errorf("simulated GPUs %q: want topology=%s", part, strings.Join(topology.Shapes, "|"))
+			}
+			shape = v
+			continue
+		}
 		countText, kind, ok := strings.Cut(part, "x")
 		count, err := strconv.Atoi(countText)
 		if !ok || err != nil || count < 1 {
@@ -87,7 +98,26 @@ func NewSimulated(node, spec string) (*Simulated, error) {
 			s.cards = append(s.cards, c)
 		}
 	}
+	if shape != "" {
+		s.shape(shape)
+	}
 	return s, nil
+}
+
+// shape gives the cards the links, NUMA nodes and PCIe roots of a node of
+// the shape.
+func (s *Simulated) shape(shape string) {
+	n := len(s.cards)
+	for i := range s.cards {
+		c := &s.cards[i]
+		c.NUMANode, c.PCIeRoot = topology.Socket(shape, n, i), topology.PCIeRoot(shape, n, i)
+		c.Links = make([]gpuinfo.LinkClass, n)
+		for j := range c.Links {
+			if j != i {
+				c.Links[j] = topology.Link(shape, n, i, j)
+			}
+		}
+	}
 }
 
 // parseMIGSpec reads "mig=PROFILE[@START]+..." or
