@@ -33,6 +33,10 @@ type Outcome struct {
 	// LinkSum sums those containers' links (Outcome.LinkRank).
 	Link    gpuinfo.LinkClass
 	LinkSum int
+	// LinkDamage weighs the links the cards taken had to the cards left
+	// entirely free: what the placement costs later multi-card pods on the
+	// node; 0 where the node reports no links.
+	LinkDamage int64
 }
 
 // LinkRank ranks the links the placement gives the pod's multi-card
@@ -42,7 +46,7 @@ func (o *Outcome) LinkRank() int64 {
 	if o.Link >= noSet {
 		return 0
 	}
-	return int64(o.Link)<<16 | int64(min(o.LinkSum, 1<<16-1))
+	return int64(o.Link)<<12 | int64(min(o.LinkSum, 1<<12-1))
 }
 
 // scratch is Place's working memory, pooled so Place does not allocate.
@@ -69,6 +73,8 @@ type scratch struct {
 	// sets placed (Outcome.Link, Outcome.LinkSum).
 	link    gpuinfo.LinkClass
 	linkSum int
+	// damage is the look-ahead damage of the cards taken (Outcome.LinkDamage).
+	damage int64
 	// cand and set are placeSet's.
 	cand [gpuinfo.MaxCardsPerNode]setCandidate
 	set  setSearch
@@ -189,7 +195,7 @@ func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out 
 		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli)
 		s.fragBefore = s.frag.value(w)
 	}
-	s.link, s.linkSum = noSet, 0
+	s.link, s.linkSum, s.damage = noSet, 0, 0
 	policy := st.Policy
 	if policy == FragmentationAware && (w == nil || len(req.Containers) > 1) {
 		policy = Binpack
@@ -201,7 +207,7 @@ func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out 
 			return Outcome{Failure: f}
 		}
 	}
-	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards), Link: s.link, LinkSum: s.linkSum}
+	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards), Link: s.link, LinkSum: s.linkSum, LinkDamage: s.damage}
 	if w != nil {
 		for i := range cards[:n] {
 			if s.charge[i] != (Usage{}) && cards[i].TakesShares() {
@@ -276,6 +282,12 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 		}
 		if best < 0 {
 			return s.failure(cards, c, k), false
+		}
+		if links != nil && cards[best].Slice == nil {
+			if bestDamage < 0 {
+				bestDamage = s.lookahead(cards, best)
+			}
+			s.damage += bestDamage
 		}
 		s.take(cards, best, c, out)
 	}

@@ -134,12 +134,12 @@ func (ss *setSearch) search(depth, start int, worst gpuinfo.LinkClass, sum int, 
 
 // lookahead is what taking card i costs the cards that stay entirely free
 // (s.free equal to capacity, eligible or not): the weights of its links to
-// them. Binpack and the other policies break their ties by it, so that a
-// pod does not take the card that breaks the last free NVLink group when
-// another would do.
+// them; nothing when card i is not entirely free itself. Binpack and the
+// other policies break their ties by it, so that a pod does not take the
+// card that breaks the last free NVLink group when another would do.
 func (s *scratch) lookahead(cards []Card, i int) int64 {
 	links := cards[i].Links
-	if links == nil {
+	if links == nil || s.free[i] != cards[i].Capacity {
 		return 0
 	}
 	var d int64
@@ -214,6 +214,7 @@ func (s *scratch) placeSet(cards []Card, c *gpuinfo.ContainerRequest, policy Pol
 	}
 	s.link = min(s.link, ss.bestWorst)
 	s.linkSum += ss.bestSum
+	s.damage += ss.bestDamage
 	return Failure{}, true
 }
 

@@ -66,7 +66,7 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, pod *v1.Pod, no
 		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, reasonInvalidInventory)
 	case out.Fits:
 		if rec != nil && s.cycle != 0 && p.scoresFromFilter() {
-			rec.storeScore(s.cycle, usageScore(out))
+			rec.storeScore(s.cycle, p.linkedScore(out, usageScore(out)))
 		}
 		return nil
 	case out.Failure.Kind == allocator.Reserved:

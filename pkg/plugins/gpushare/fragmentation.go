@@ -53,9 +53,9 @@ func podCPUMilli(pod *v1.Pod) int64 {
 
 // fragmentationScore ranks a placement for the fragmentation-aware node
 // policy: the less it raises the node's fragmentation the better, then the
-// fuller the node; with the placement's link rank (withLinks).
+// fuller the node.
 func fragmentationScore(out allocator.Outcome) int64 {
-	return withLinks(out, -int64(out.FragmentationDelta*fragmentationScale)*usageRange+out.UsedPermille)
+	return -int64(out.FragmentationDelta*fragmentationScale)*usageRange + out.UsedPermille
 }
 
 // cpuOnlyState is the cycle state of a pod without GPUs; workload is set

@@ -330,6 +330,36 @@ func TestScorePrefersLinkedCards(t *testing.T) {
 	}
 }
 
+// TestScoreKeepsNVLinkForMultiCardPods: under Binpack and
+// FragmentationAware a one-card pod goes where it breaks no NVLink group (a
+// PCIe node), rather than to the fuller NVSwitch node.
+func TestScoreKeepsNVLinkForMultiCardPods(t *testing.T) {
+	shaped := func(name, shape string, n int) *v1.Node {
+		inv := testutil.Inventory(name, "H100", 81920, n)
+		topology.Apply(inv, shape)
+		return testutil.GPUNode(name, inv)
+	}
+	nvswitch, pcie := shaped("nvswitch", topology.NVSwitch, 8), shaped("pcie", topology.PCIeSockets, 4)
+	objects := []runtime.Object{nvswitch, pcie,
+		boundPod("p0", "pcie", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-pcie-0", MemoryMiB: 81920, Cores: 100}}})}
+	for i := range 4 {
+		objects = append(objects, boundPod(fmt.Sprint("n", i), "nvswitch", map[string][]gpuinfo.CardAssignment{"c": {{Index: i, UUID: fmt.Sprint("GPU-nvswitch-", i), MemoryMiB: 81920, Cores: 100}}}))
+	}
+	one := gpuPod("one", testutil.Cards(1)).Obj()
+	for _, policy := range []config.Policy{config.PolicyBinpack, config.PolicyFragmentationAware} {
+		t.Run(string(policy), func(t *testing.T) {
+			h := newHarness(t, args(policy, policy), objects...)
+			got := map[string]int64{}
+			for _, s := range scoreNodes(t, h, one, h.nodeInfo(nvswitch), h.nodeInfo(pcie)) {
+				got[s.Name] = s.Score
+			}
+			if got["pcie"] <= got["nvswitch"] {
+				t.Errorf("scores %v; want the PCIe node above the NVSwitch node", got)
+			}
+		})
+	}
+}
+
 // TestPodsWithoutGPUsStrandTheLeastGPU: under every node policy a pod that
 // asks for no GPUs prefers a node without GPUs, then the node whose cards
 // are fullest, where its CPU can strand the least GPU.

@@ -2,113 +2,106 @@ package gpushare
 
 import (
 	"cmp"
+	"math/bits"
 	"slices"
 
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/helper"
 
 	"github.com/tessera-gpu/tessera/pkg/allocator"
-	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// A node's score carries the link rank of the placement (allocator.Outcome's
-// LinkRank: the worst link between the cards of a multi-card container, then
-// their sum) above linkShift, so that NormalizeScore can rank nodes by the
-// best set they offer before the policy's preference. Policy scores stay
-// within ±linkBase.
+// A GPU pod's score carries, above the policy's score (within ±policyBound),
+// the placement's damage tier at damageShift and its link rank
+// (allocator.Outcome.LinkRank: the worst link between the cards of a
+// multi-card container, then their sum) at rankShift, so that
+// NormalizeScore ranks nodes by the best set they offer, then by how little
+// the placement costs later multi-card pods, before the policy's preference.
 const (
-	linkShift = 40
-	linkBase  = int64(1) << (linkShift - 1)
+	rankShift   = 44
+	damageShift = 38
+	policyBound = int64(1) << (damageShift - 1)
 )
 
-// withLinks adds the placement's link rank to the policy's score.
-func withLinks(out allocator.Outcome, score int64) int64 {
-	return out.LinkRank()<<linkShift + score
-}
-
-// multiCard reports whether the pod has a container asking for several
-// cards, whose scores carry link ranks.
-func multiCard(req *gpuinfo.PodRequest) bool {
-	return slices.ContainsFunc(req.Containers, func(c gpuinfo.ContainerRequest) bool { return c.Count > 1 })
-}
-
-// splitLinks returns the link rank and the policy's score of a node's score;
-// scores below linkBase (every score of a pod without multi-card containers,
-// and the lowest scores a policy gives) have rank 0.
-func splitLinks(score int64) (rank, policy int64) {
-	if score < linkBase {
-		return 0, score
+// linkedScore adds to the policy's score of a GPU pod's placement its link
+// rank and, unless the policy spreads, its damage tier: 63 less the bit
+// length of allocator.Outcome.LinkDamage, whose weights grow by powers of
+// two with the link class, so that a placement that breaks an NVLink group
+// ranks below one that takes cards of poorer links or cards already in use.
+func (p *Plugin) linkedScore(out allocator.Outcome, score int64) int64 {
+	tier := int64(63)
+	if p.nodePolicy != allocator.Spread {
+		tier -= int64(bits.Len64(uint64(out.LinkDamage)))
 	}
-	rank = (score + linkBase) >> linkShift
-	return rank, score - rank<<linkShift
+	return out.LinkRank()<<rankShift + tier<<damageShift + score
 }
 
-// linkTierGap is how far below the last node of one link rank the first
-// node of the next rank scores under a ranking normalization.
-const linkTierGap = 25
+// splitLinks returns the link key (rank and damage tier, higher better) and
+// the policy's score of a GPU pod's node score.
+func splitLinks(score int64) (key, policy int64) {
+	key = (score + policyBound) >> damageShift
+	return key, score - key<<damageShift
+}
 
-// normalizeLinked normalizes the scores of a pod by link rank first, when the
-// nodes offer it different ranks, then by the policy's normalized score
-// (normalize). A linear normalization (ranked false) puts the nodes of the
-// best rank at 50-100, those of the next at 25-50, and so on; a ranking one
-// (rankScores) ranks the nodes by link rank and policy score together, one
-// point apart, linkTierGap points between ranks. With one rank for all, it
-// is the policy's normalization alone.
-func normalizeLinked(scores fwk.NodeScoreList, normalize func(fwk.NodeScoreList), ranked bool) {
-	ranks := make([]int64, len(scores))
+// How far below the last node of one link key the first node of the next
+// scores when the keys differ: rankGap where the link rank changes,
+// damageGap where only the damage tier does.
+const (
+	rankGap   = 25
+	damageGap = 5
+)
+
+// normalizeLinked normalizes a GPU pod's scores: by the policy's
+// normalization (normalize) of the policy's scores where every node has the
+// same link key, else by ranking the nodes by link key, then normalized
+// policy score (rankLinked).
+func normalizeLinked(scores fwk.NodeScoreList, normalize func(fwk.NodeScoreList)) {
+	keys := make([]int64, len(scores))
+	same := true
 	for i := range scores {
-		ranks[i], scores[i].Score = splitLinks(scores[i].Score)
-	}
-	distinct := slices.Clone(ranks)
-	slices.Sort(distinct)
-	distinct = slices.Compact(distinct)
-	if len(distinct) < 2 {
-		normalize(scores)
-		return
-	}
-	if ranked {
-		rankLinked(scores, ranks)
-		return
+		keys[i], scores[i].Score = splitLinks(scores[i].Score)
+		same = same && keys[i] == keys[0]
 	}
 	normalize(scores)
-	for i := range scores {
-		pos, _ := slices.BinarySearch(distinct, ranks[i])
-		below := min(len(distinct)-1-pos, 62)
-		hi, lo := fwk.MaxNodeScore>>below, fwk.MaxNodeScore>>(below+1)
-		scores[i].Score = lo + scores[i].Score*(hi-lo)/fwk.MaxNodeScore
+	if !same {
+		rankLinked(scores, keys)
 	}
 }
 
-// rankLinked ranks the nodes by link rank, then policy score, both higher
-// first: the best scores MaxNodeScore, each distinct pair a point less,
-// linkTierGap points less where the rank changes.
-func rankLinked(scores fwk.NodeScoreList, ranks []int64) {
-	type key struct{ rank, policy int64 }
-	keys := make([]key, len(scores))
+// rankLinked ranks the nodes by link key, then normalized score, both higher
+// first: the best scores MaxNodeScore, each distinct pair a point less, and
+// rankGap or damageGap points less where the key changes.
+func rankLinked(scores fwk.NodeScoreList, keys []int64) {
+	type pair struct{ key, policy int64 }
+	pairs := make([]pair, len(scores))
 	for i := range scores {
-		keys[i] = key{ranks[i], scores[i].Score}
+		pairs[i] = pair{keys[i], scores[i].Score}
 	}
-	order := slices.Clone(keys)
-	slices.SortFunc(order, func(a, b key) int {
-		if a.rank != b.rank {
-			return cmp.Compare(b.rank, a.rank)
+	order := slices.Clone(pairs)
+	slices.SortFunc(order, func(a, b pair) int {
+		if a.key != b.key {
+			return cmp.Compare(b.key, a.key)
 		}
 		return cmp.Compare(b.policy, a.policy)
 	})
 	order = slices.Compact(order)
-	value := make(map[key]int64, len(order))
+	value := make(map[pair]int64, len(order))
 	score := fwk.MaxNodeScore
 	for i, k := range order {
 		if i > 0 {
-			score--
-			if k.rank != order[i-1].rank {
-				score -= linkTierGap
+			prev := order[i-1].key
+			switch {
+			case k.key>>(rankShift-damageShift) != prev>>(rankShift-damageShift):
+				score -= rankGap
+			case k.key != prev:
+				score -= damageGap
 			}
+			score--
 		}
 		value[k] = max(score, fwk.MinNodeScore)
 	}
 	for i := range scores {
-		scores[i].Score = value[keys[i]]
+		scores[i].Score = value[pairs[i]]
 	}
 }
 

@@ -36,9 +36,9 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, pod *v1.Pod, 
 // it into a preference for the fullest nodes (Binpack) or the emptiest
 // (Spread), so the plugin composes with the other score plugins and their
 // weights. For FragmentationAware it is how little the placement raises the
-// node's fragmentation, ties going to the fuller node. For a pod with
-// multi-card containers, the links of the best set each node offers come
-// first (normalizeLinked).
+// node's fragmentation, ties going to the fuller node. A GPU pod's score
+// also carries the links its placement gets and what it costs later
+// multi-card pods (linkedScore), which come first (normalizeLinked).
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
 	s := getState(state)
 	if s == nil {
@@ -61,9 +61,9 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 		return 0, nil
 	}
 	if p.nodePolicy == allocator.FragmentationAware {
-		return fragmentationScore(out), nil
+		return p.linkedScore(out, fragmentationScore(out)), nil
 	}
-	return usageScore(out), nil
+	return p.linkedScore(out, usageScore(out)), nil
 }
 
 // scoresFromFilter reports whether Filter's placement is also Score's, so
@@ -73,9 +73,9 @@ func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeI
 func (p *Plugin) scoresFromFilter() bool { return !p.usesWorkload() }
 
 // usageScore is the Binpack and Spread score of a placement: the node's
-// usage after it, 0-100, with the placement's link rank (withLinks).
+// usage after it, 0-100.
 func usageScore(out allocator.Outcome) int64 {
-	return withLinks(out, out.UsedPermille*fwk.MaxNodeScore/1000)
+	return out.UsedPermille * fwk.MaxNodeScore / 1000
 }
 
 // noGPUsRank is a node without usable GPUs' fragmentation-aware score for a
@@ -117,8 +117,8 @@ func (p *Plugin) NormalizeScore(_ context.Context, state fwk.CycleState, _ *v1.P
 	if p.nodePolicy != allocator.FragmentationAware {
 		normalize = linearNormalizer(p.nodePolicy == allocator.Spread && getCPUOnlyState(state) == nil)
 	}
-	if s := getState(state); s != nil && multiCard(s.req) {
-		normalizeLinked(scores, normalize, p.nodePolicy == allocator.FragmentationAware)
+	if getState(state) != nil {
+		normalizeLinked(scores, normalize)
 	} else {
 		normalize(scores)
 	}
