@@ -58,6 +58,7 @@ type options struct {
 	load       float64
 	fleet      float64
 	arrivals   float64
+	links      bool
 }
 
 func main() {
@@ -74,7 +75,11 @@ func main() {
 	flag.Float64Var(&o.load, "load", 1, "with --departures: the offered GPU load, as a fraction of capacity")
 	flag.Float64Var(&o.fleet, "fleet", 1, "with --departures: the fraction of the GPU nodes replayed on, with the fleet's mix of nodes (a replay's cost grows with its square)")
 	flag.Float64Var(&o.arrivals, "arrivals", sim.DeparturePadding, "with --departures: the GPU the arrivals ask, in multiples of the replayed fleet's capacity; more make a longer window, in which more tasks leave")
+	flag.BoolVar(&o.links, "links", false, "run the topology churn simulation instead (pkg/linksim: multi-card pods on nodes with card topologies, every policy with and without topology and a HAMi-like baseline; --load defaults to 0.9 there) and write "+linksTableFile+" and a plot")
 	flag.Parse()
+	if o.links && !isFlagSet("load") {
+		o.load = 0.9
+	}
 	klog.SetLogger(logr.Discard())
 	// Replays allocate many short-lived objects; trade memory for less GC.
 	debug.SetGCPercent(400)
@@ -101,6 +106,9 @@ type job struct {
 func run(ctx context.Context, o options, out, progress io.Writer) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
+	}
+	if o.links {
+		return runLinks(o, out)
 	}
 	if o.departures {
 		return departuresMode.run(ctx, o, out, progress)
@@ -547,4 +555,11 @@ func (b *progressBar) draw() {
 	const width = 30
 	filled := int(frac / float64(b.total) * width)
 	fmt.Fprintf(b.w, "\r\033[K[%s%s] %d/%d replays  %s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), b.finished, b.total, strings.Join(names, "  "))
+}
+
+// isFlagSet reports whether the named flag was given.
+func isFlagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
