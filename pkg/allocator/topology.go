@@ -58,6 +58,10 @@ type setCandidate struct {
 	// (lookahead), and free that it is entirely free itself.
 	damage int64
 	free   bool
+	// class numbers the candidates that are interchangeable (same key,
+	// damage and freedom, and the same links to every other candidate):
+	// the search takes the first of a class before the others.
+	class int
 }
 
 // setSearch is the state of the search for a container's cards.
@@ -104,6 +108,11 @@ func (ss *setSearch) search(depth, start int, worst gpuinfo.LinkClass, sum int, 
 		return
 	}
 	for c := start; c <= len(ss.cand)-(ss.k-depth); c++ {
+		if c > start && ss.cand[c].class == ss.cand[c-1].class {
+			// Taking it rather than its twin before it makes a set like
+			// one already searched.
+			continue
+		}
 		if ss.steps++; ss.steps > setSearchBudget && ss.found {
 			return
 		}
@@ -198,6 +207,7 @@ func (s *scratch) placeSet(cards []Card, c *gpuinfo.ContainerRequest, policy Pol
 	if links == nil {
 		return Failure{Kind: NoTopology, Container: c, Link: required}, false
 	}
+	classify(ss.cand, links)
 	sortCandidates(ss.cand)
 	ss.links, ss.k, ss.required, ss.steps, ss.found = links, c.Count, required, 0, false
 	ss.search(0, 0, noSet, 0, 0, 0)
@@ -236,8 +246,40 @@ func candidateBefore(a, b *setCandidate) bool {
 		return a.key > b.key
 	case a.damage != b.damage:
 		return a.damage < b.damage
+	case a.class != b.class:
+		return a.class < b.class
 	}
 	return a.card < b.card
+}
+
+// classify numbers the candidates' classes of interchangeable ones: a
+// candidate joins the class of the first earlier one it can replace in any
+// set without changing the set's figures, else starts a class.
+func classify(cand []setCandidate, links *Links) {
+	for i := range cand {
+		cand[i].class = i
+		for j := 0; j < i; j++ {
+			if cand[j].class == j && interchangeable(cand, links, i, j) {
+				cand[i].class = j
+				break
+			}
+		}
+	}
+}
+
+// interchangeable reports whether candidates a and b have the same key,
+// damage and freedom, and the same link to every other candidate.
+func interchangeable(cand []setCandidate, links *Links, a, b int) bool {
+	x, y := &cand[a], &cand[b]
+	if x.key != y.key || x.damage != y.damage || x.free != y.free {
+		return false
+	}
+	for m := range cand {
+		if m != a && m != b && links.Between(x.index, cand[m].index) != links.Between(y.index, cand[m].index) {
+			return false
+		}
+	}
+	return true
 }
 
 // sortInts sorts a few ints in place without allocating.

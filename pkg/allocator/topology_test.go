@@ -177,7 +177,7 @@ func TestPlaceRequiredTopology(t *testing.T) {
 }
 
 // TestPlaceNeverMissesTheBestSet compares, on random link matrices and
-// usage, the set Place chooses with the best one an exhaustive search over
+// servers' shapes with random usage, the set Place chooses with the best one an exhaustive search over
 // all sets finds, working from the inventory's letters: the same worst link
 // and link sum, and a required class met exactly when some set meets it.
 func TestPlaceNeverMissesTheBestSet(t *testing.T) {
@@ -190,6 +190,11 @@ func TestPlaceNeverMissesTheBestSet(t *testing.T) {
 			letters[i] = gpuinfo.LinkLetters[rng.IntN(len(gpuinfo.LinkLetters))]
 		}
 		inv.Links, inv.Version = string(letters), gpuinfo.InventoryVersion2
+		if rng.IntN(2) == 0 {
+			// A server's shape, whose many interchangeable cards the
+			// search takes once.
+			topology.Apply(inv, topology.Shapes[rng.IntN(len(topology.Shapes))])
+		}
 		cards := allocator.NewCards(inv)
 		used := make([]allocator.Usage, n)
 		for i := range used {
@@ -279,4 +284,33 @@ func setLinks(inv *gpuinfo.Inventory, entries []gpuinfo.CardAssignment) (gpuinfo
 		}
 	}
 	return worst, sum
+}
+
+// BenchmarkPlaceSet places multi-card containers on nodes with links, the
+// set search's cost: 4 and 2 cards of 8 in two NVLink quads with some cards
+// in use, 8 of 16 on NVSwitch (the largest exact search), and one card with
+// the look-ahead.
+func BenchmarkPlaceSet(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		shape string
+		n     int
+		req   gpuinfo.PodRequest
+	}{
+		{"quads/4 of 8", topology.NVLinkQuads, 8, wholeCards(4)},
+		{"quads/2 shares of 8", topology.NVLinkQuads, 8, gpuinfo.PodRequest{Containers: []gpuinfo.ContainerRequest{share("c", gpuinfo.AppContainer, 2, 20480, 20)}}},
+		{"nvswitch/8 of 16", topology.NVSwitch, 16, wholeCards(8)},
+		{"quads/1 of 8, look-ahead", topology.NVLinkQuads, 8, wholeCards(1)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			cards, used := shaped(bc.shape, bc.n, map[int]allocator.Usage{1: half, 6: half})
+			st := allocator.Strategy{Policy: allocator.Binpack}
+			b.ReportAllocs()
+			for b.Loop() {
+				if out := allocator.Place(cards, used, nil, &bc.req, st, nil); !out.Fits {
+					b.Fatal("does not fit")
+				}
+			}
+		})
+	}
 }
