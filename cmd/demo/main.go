@@ -33,6 +33,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/pkg/topology"
 	"github.com/tessera-gpu/tessera/manifests"
 )
 
@@ -52,7 +53,8 @@ var fleet = []struct {
 	about string
 }{
 	{"a100-node", cluster.A100, 8, ""},
-	{"h100-node", cluster.H100, 8, ""},
+	{"h100-node", cluster.H100 + ",topology=" + topology.NVLinkQuads, 8,
+		"8 x H100-80GB as two NVLink quads (cards 0-3 and 4-7), one per CPU socket"},
 	{"t4-node", cluster.T4, 4, ""},
 	{"l4-node", cluster.L4, 2, ""},
 	{"a100-mig-node", "A100-40GB:mig=3g.20gb+2g.10gb+1g.5gb,1xA100-40GB:mig-dynamic=", 1,

@@ -23,8 +23,9 @@ func TestDemoOnce(t *testing.T) {
 	for _, want := range []*regexp.Regexp{
 		// binpack: inference replicas share a card.
 		regexp.MustCompile(`(?m)^\S+\s+\d+\s+.*llm-inference-\d, llm-inference-\d$`),
-		// model selector: the 4-card job is on H100s.
-		regexp.MustCompile(`(?m)^h100-node\s+\d\s+NVIDIA H100.*pretrain-h100$`),
+		// model selector and topology: the notebooks go into the first
+		// NVLink quad of the H100s, the 4-card job gets the other whole.
+		regexp.MustCompile(`(?m)^h100-node\s+[0-3]\s+NVIDIA H100.*h100-notebook$`),
 		regexp.MustCompile(`(?m)^t4-node\s+\d\s+Tesla T4.*video-pipeline$`),
 		regexp.MustCompile(`default/too-big: .*GPUs: the pod needs 1 GPU with 163840 MiB; 4 nodes with at most 81920 MiB free on a GPU; 1 node whose GPUs are DRA devices, for resource claims only; 1 node with only GPUs in MIG mode; 1 node without GPUs`),
 		// MIG: a slice of its own, the smallest that holds 8000 MiB; two
@@ -53,8 +54,8 @@ func TestDemoOnce(t *testing.T) {
 	if strings.Contains(got, "too-wide-0 ") || regexp.MustCompile(`(?m)too-wide-\d$`).MatchString(got) {
 		t.Error("a pod of the gang that cannot fit holds cards")
 	}
-	if n := strings.Count(got, "pretrain-h100"); n != 4 {
-		t.Errorf("pretrain-h100 appears on %d cards, want 4", n)
+	if n := len(regexp.MustCompile(`(?m)^h100-node\s+[4-7]\s+NVIDIA H100.*pretrain-h100$`).FindAllString(got, -1)); n != 4 {
+		t.Errorf("pretrain-h100 is on %d of the H100 cards 4-7, want 4 (one NVLink quad)", n)
 	}
 	// spread: the notebooks are on different cards.
 	alice, bob := cardOf(got, "notebook-alice"), cardOf(got, "notebook-bob")
