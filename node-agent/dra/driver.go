@@ -164,6 +164,7 @@ func (d *Driver) publish() {
 // MIG is one slice.
 func resources(node string, cards []discovery.Card, owned map[sliceKey]types.UID) resourceslice.DriverResources {
 	devices := make([]resourceapi.Device, 0, len(cards))
+	domains := nvlinkDomains(cards)
 	for _, c := range sortedByIndex(cards) {
 		memory := *resource.NewQuantity(c.MemoryMiB<<20, resource.BinarySI)
 		cores := *resource.NewQuantity(gpuinfo.FullCores, resource.DecimalSI)
@@ -188,15 +189,13 @@ func resources(node string, cards []discovery.Card, owned map[sliceKey]types.UID
 			},
 			AllowMultipleAllocations: ptr.To(true),
 		}
-		if c.NUMANode >= 0 {
-			dev.Attributes["numaNode"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(c.NUMANode))}
-		}
+		addTopology(dev.Attributes, c, domains)
 		if !c.Healthy {
 			dev.Taints = []resourceapi.DeviceTaint{{Key: gpuinfo.DRAUnhealthyTaint, Effect: resourceapi.DeviceTaintEffectNoSchedule}}
 		}
 		devices = append(devices, dev)
 	}
-	sliceDevices, counters := migResources(cards, owned)
+	sliceDevices, counters := migResources(cards, owned, domains)
 	if len(sliceDevices) == 0 {
 		return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
 			node: {Slices: []resourceslice.Slice{{Devices: devices}}},

@@ -96,7 +96,7 @@ type sliceDevice struct {
 // placements to cut, lower cards first, higher starts first so that small
 // slices leave room for large ones), and the counter sets of the dynamic
 // cards. owned holds the slices of dynamic cards that prepared claims made.
-func migResources(cards []discovery.Card, owned map[sliceKey]types.UID) ([]resourceapi.Device, []resourceapi.CounterSet) {
+func migResources(cards []discovery.Card, owned map[sliceKey]types.UID, domains map[int]int) ([]resourceapi.Device, []resourceapi.CounterSet) {
 	var (
 		devices  []sliceDevice
 		counters []resourceapi.CounterSet
@@ -108,7 +108,7 @@ func migResources(cards []discovery.Card, owned map[sliceKey]types.UID) ([]resou
 		if !c.MIGDynamic {
 			for _, in := range c.MIG.Instances {
 				if p := c.MIG.Profile(in.Profile); p != nil {
-					devices = append(devices, newSliceDevice(c, p, in.Start, &in, nil))
+					devices = append(devices, newSliceDevice(c, p, in.Start, &in, nil, domains))
 				}
 			}
 			continue
@@ -135,7 +135,7 @@ func migResources(cards []discovery.Card, owned map[sliceKey]types.UID) ([]resou
 			}
 			for _, start := range p.Starts {
 				in, _ := c.Slice(p.Name, start)
-				devices = append(devices, newSliceDevice(c, p, start, in, &set))
+				devices = append(devices, newSliceDevice(c, p, start, in, &set, domains))
 			}
 		}
 	}
@@ -163,7 +163,7 @@ func compareBool(a, b bool) int {
 // newSliceDevice is the device of the slice of profile p at start on card
 // c: in is the slice when it exists; set is the card's counter set when the
 // card is dynamic (the device then consumes its slots).
-func newSliceDevice(c discovery.Card, p *gpuinfo.MIGProfile, start int, in *gpuinfo.MIGInstance, set *resourceapi.CounterSet) sliceDevice {
+func newSliceDevice(c discovery.Card, p *gpuinfo.MIGProfile, start int, in *gpuinfo.MIGInstance, set *resourceapi.CounterSet, domains map[int]int) sliceDevice {
 	healthy := c.Healthy && (in == nil || in.Healthy)
 	memory := *resource.NewQuantity(p.MemoryMiB<<20, resource.BinarySI)
 	dev := resourceapi.Device{
@@ -187,9 +187,7 @@ func newSliceDevice(c discovery.Card, p *gpuinfo.MIGProfile, start int, in *gpui
 	if in != nil && set == nil {
 		dev.Attributes["uuid"] = resourceapi.DeviceAttribute{StringValue: ptr.To(in.UUID)}
 	}
-	if c.NUMANode >= 0 {
-		dev.Attributes["numaNode"] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(c.NUMANode))}
-	}
+	addTopology(dev.Attributes, c, domains)
 	if set != nil {
 		consumed := map[string]resourceapi.Counter{}
 		for s := start; s < start+p.Size; s++ {

@@ -258,9 +258,11 @@ func (m mockModel) wantProfiles() []gpuinfo.MIGProfile {
 	return profiles
 }
 
-// scan discovers the cards of s, checking that their inventory is valid.
+// scan discovers the cards of s, linked through NVSwitch, checking that
+// their inventory is valid.
 func scan(t *testing.T, s *server.Server) ([]discovery.Card, *NVML) {
 	t.Helper()
+	setTopology(s, nvSwitchTopology)
 	n, err := New(s)
 	if err != nil {
 		t.Fatal(err)

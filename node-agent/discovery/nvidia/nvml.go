@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -32,6 +33,9 @@ type NVML struct {
 	// migProblems is, by index, why a card in MIG mode has its geometry
 	// left out, as last logged.
 	migProblems map[int]string
+	// topology is the last complete measurement of the links between the
+	// cards, measured again when they change.
+	topology topology
 }
 
 // New initializes NVML through lib (nvml.New() in production, a mock in
@@ -65,8 +69,10 @@ func (n *NVML) Close() error {
 // Cards lists the cards NVML reports. A card NVML can no longer describe (it
 // fell off the bus, its handle or UUID cannot be read) is reported unhealthy,
 // its MIG instances too, under its last good reading, the others as they
-// are; one never read is left out. When NVML itself stops answering (a
-// driver reload), it is shut down and initialised again before giving up.
+// are; one never read is left out. The links between the cards are measured
+// when the cards change; a card reported under its last reading keeps its
+// last links. When NVML itself stops answering (a driver reload), it is shut
+// down and initialised again before giving up.
 func (n *NVML) Cards() ([]discovery.Card, error) {
 	count, ret := n.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
@@ -78,8 +84,10 @@ func (n *NVML) Cards() ([]discovery.Card, error) {
 		}
 	}
 	cards := make([]discovery.Card, 0, count)
+	answered := make([]bool, count)
 	for i := 0; i < count; i++ {
 		c, ok := n.card(i)
+		answered[i] = ok
 		if !ok {
 			last, known := n.known[i]
 			if !known {
@@ -88,16 +96,22 @@ func (n *NVML) Cards() ([]discovery.Card, error) {
 			last.Healthy = false
 			last.MIG = withUnhealthyInstances(last.MIG)
 			c = last
-		} else {
-			n.known[i] = c
 		}
 		cards = append(cards, c)
+	}
+	links := n.links(cards, answered)
+	for p := range cards {
+		if c := &cards[p]; answered[c.Index] {
+			c.Links = slices.Clone(links[c.Index])
+			n.known[c.Index] = *c
+		}
 	}
 	return cards, nil
 }
 
-// card reads card i, with its MIG geometry when it is in MIG mode; false when
-// NVML cannot give its handle or UUID.
+// card reads card i, with its NUMA node and PCIe root from sysfs and its MIG
+// geometry when it is in MIG mode, but not its links (Cards measures them);
+// false when NVML cannot give its handle or UUID.
 func (n *NVML) card(i int) (discovery.Card, bool) {
 	dev, ret := n.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {
@@ -125,7 +139,8 @@ func (n *NVML) card(i int) (discovery.Card, bool) {
 		c.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
 	}
 	if pci, ret := dev.GetPciInfo(); ret == nvml.SUCCESS {
-		c.NUMANode = n.numaNode(busID(pci))
+		id := busID(pci)
+		c.NUMANode, c.PCIeRoot = n.numaNode(id), n.pcieRoot(id)
 	}
 	if c.MIGEnabled {
 		c.MIG = n.migGeometry(c, dev)

@@ -21,6 +21,7 @@ import (
 
 func TestNVMLWithMockDGXA100(t *testing.T) {
 	server := dgxa100.New()
+	setTopology(server, nvSwitchTopology)
 	n, err := New(server)
 	if err != nil {
 		t.Fatal(err)
@@ -164,6 +165,7 @@ func TestWatchXIDs(t *testing.T) {
 // under its last good reading; the other cards are kept as they are.
 func TestCardOffTheBus(t *testing.T) {
 	server := dgxa100.New()
+	setTopology(server, nvSwitchTopology)
 	handle := server.DeviceGetHandleByIndexFunc
 	lost := map[int]bool{}
 	server.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
@@ -207,6 +209,7 @@ func TestCardOffTheBus(t *testing.T) {
 // scan until the agent restarts.
 func TestNVMLInitialisedAgain(t *testing.T) {
 	server := dgxa100.New()
+	setTopology(server, nvSwitchTopology)
 	count, initialise := server.DeviceGetCountFunc, server.InitFunc
 	inits, reloaded := 0, false
 	server.InitFunc = func() nvml.Return {
