@@ -33,8 +33,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
-	"github.com/tessera-gpu/tessera/pkg/topology"
 	"github.com/tessera-gpu/tessera/manifests"
+	"github.com/tessera-gpu/tessera/pkg/topology"
 )
 
 // options are the demo's flags.
