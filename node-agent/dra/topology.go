@@ -9,12 +9,6 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
-// NVLinkDomainAttribute is the device attribute holding the card's NVLink
-// domain on its node (gpuinfo.NVLinkDomains, from 1), so that a claim can
-// ask for cards of one domain with matchAttribute; left out for a card
-// without NVLink.
-const NVLinkDomainAttribute = "nvlinkDomain"
-
 // nvlinkDomains numbers the cards' NVLink domains by card index.
 func nvlinkDomains(cards []discovery.Card) map[int]int {
 	sorted := sortedByIndex(cards)
@@ -46,6 +40,6 @@ func addTopology(attrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute
 		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = resourceapi.DeviceAttribute{StringValue: ptr.To(c.PCIeRoot)}
 	}
 	if d := domains[c.Index]; d > 0 {
-		attrs[NVLinkDomainAttribute] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d))}
+		attrs[gpuinfo.DRANVLinkDomainAttribute] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(d))}
 	}
 }

@@ -5,9 +5,21 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
+
+// TestStandardAttributeNames: the names the scheduler reads are the ones
+// Kubernetes defines.
+func TestStandardAttributeNames(t *testing.T) {
+	if gpuinfo.DRAPCIeRootAttribute != string(deviceattribute.StandardDeviceAttributePCIeRoot) ||
+		gpuinfo.DRANUMANodeAttribute != string(deviceattribute.StandardDeviceAttributeNUMANode) {
+		t.Errorf("gpuinfo's names %q and %q differ from Kubernetes' %q and %q", gpuinfo.DRAPCIeRootAttribute, gpuinfo.DRANUMANodeAttribute,
+			deviceattribute.StandardDeviceAttributePCIeRoot, deviceattribute.StandardDeviceAttributeNUMANode)
+	}
+}
 
 // TestResourcesTopology: cards publish the standard PCIe root and NUMA node
 // and their NVLink domain; a MIG slice its card's.
@@ -29,16 +41,16 @@ func TestResourcesTopology(t *testing.T) {
 	}
 	read := func(d resourceapi.Device) attrs {
 		var a attrs
-		if v, ok := d.Attributes["resource.kubernetes.io/pcieRoot"]; ok {
+		if v, ok := d.Attributes[deviceattribute.StandardDeviceAttributePCIeRoot]; ok {
 			a.Root = *v.StringValue
 		}
 		if v, ok := d.Attributes["numaNode"]; ok {
 			a.NUMA = *v.IntValue
 		}
-		if v, ok := d.Attributes["resource.kubernetes.io/numaNode"]; ok {
+		if v, ok := d.Attributes[deviceattribute.StandardDeviceAttributeNUMANode]; ok {
 			a.Standard = *v.IntValue
 		}
-		if v, ok := d.Attributes[NVLinkDomainAttribute]; ok {
+		if v, ok := d.Attributes[gpuinfo.DRANVLinkDomainAttribute]; ok {
 			a.Domain = *v.IntValue
 		}
 		return a

@@ -13,15 +13,36 @@ type Links struct {
 
 // NewLinks reads the inventory's links; nil when it has none.
 func NewLinks(inv *gpuinfo.Inventory) *Links {
-	if inv.Links == "" || len(inv.Cards) < 2 {
+	if inv.Links == "" {
 		return nil
 	}
-	n := inv.Cards[len(inv.Cards)-1].Index + 1
-	l := &Links{n: n, class: make([]gpuinfo.LinkClass, n*n)}
+	indices := make([]int, len(inv.Cards))
 	for i := range inv.Cards {
-		for j := range inv.Cards {
-			l.class[inv.Cards[i].Index*n+inv.Cards[j].Index] = inv.Link(i, j)
+		indices[i] = inv.Cards[i].Index
+	}
+	return LinksBetween(indices, inv.Link)
+}
+
+// LinksBetween is the matrix of the cards of these indices, link(i, j)
+// giving the class between the cards at positions i and j; nil for fewer
+// than two cards or when no link is known.
+func LinksBetween(indices []int, link func(i, j int) gpuinfo.LinkClass) *Links {
+	n, known := 0, false
+	for _, index := range indices {
+		n = max(n, index+1)
+	}
+	l := &Links{n: n, class: make([]gpuinfo.LinkClass, n*n)}
+	for i, a := range indices {
+		for j, b := range indices {
+			if i != j {
+				c := link(i, j)
+				l.class[a*n+b] = c
+				known = known || c != gpuinfo.LinkUnknown
+			}
 		}
+	}
+	if !known {
+		return nil
 	}
 	return l
 }

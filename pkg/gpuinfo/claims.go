@@ -107,6 +107,12 @@ func DRACard(d *resourceapi.Device) (Card, bool) {
 		return Card{}, false
 	}
 	card := Card{Index: index, MemoryMiB: MiB(memory.Value), Cores: cores.Value.Value(), Healthy: true, NUMANode: -1}
+	if a := d.Attributes[DRANUMANodeAttribute]; a.IntValue != nil && *a.IntValue >= 0 && *a.IntValue <= 1023 {
+		card.NUMANode = int(*a.IntValue)
+	}
+	if a := d.Attributes[DRAPCIeRootAttribute]; a.StringValue != nil && validPCIeRoot(*a.StringValue) {
+		card.PCIeRoot = *a.StringValue
+	}
 	if a := d.Attributes["uuid"]; a.StringValue != nil {
 		card.UUID = *a.StringValue
 	}
@@ -135,4 +141,42 @@ func DRAShare(consumed map[resourceapi.QualifiedName]resource.Quantity, card Car
 		cores = q.Value()
 	}
 	return memoryMiB, cores
+}
+
+// Topology attributes of a card's DRA device: the standard PCIe root and
+// NUMA node (resource.kubernetes.io, shared with other drivers' devices) and
+// the card's NVLink domain on its node (from 1; absent without NVLink).
+const (
+	DRAPCIeRootAttribute     = "resource.kubernetes.io/pcieRoot"
+	DRANUMANodeAttribute     = "resource.kubernetes.io/numaNode"
+	DRANVLinkDomainAttribute = "nvlinkDomain"
+)
+
+// DRANVLinkDomain is the NVLink domain a card's device publishes; 0 for
+// none.
+func DRANVLinkDomain(d *resourceapi.Device) int64 {
+	if a := d.Attributes[DRANVLinkDomainAttribute]; a.IntValue != nil && *a.IntValue > 0 {
+		return *a.IntValue
+	}
+	return 0
+}
+
+// DRALink is the link between two cards as their devices' attributes tell
+// it (domain, the NVLink domain, and card, its NUMA node and PCIe root),
+// which is coarser than the inventory's links: NVLink in one NVLink domain,
+// else LinkHostBridge under one PCIe root (a switch below it is not
+// published), else LinkNUMANode on one NUMA node, else LinkSystem where both
+// NUMA nodes are known; LinkUnknown otherwise.
+func DRALink(domainA, domainB int64, a, b *Card) LinkClass {
+	switch {
+	case domainA > 0 && domainA == domainB:
+		return LinkNVLink
+	case a.PCIeRoot != "" && a.PCIeRoot == b.PCIeRoot:
+		return LinkHostBridge
+	case a.NUMANode >= 0 && a.NUMANode == b.NUMANode:
+		return LinkNUMANode
+	case a.NUMANode >= 0 && b.NUMANode >= 0:
+		return LinkSystem
+	}
+	return LinkUnknown
 }

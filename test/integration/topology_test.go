@@ -7,6 +7,9 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -67,4 +70,55 @@ func TestTopologyNVLinkQuads(t *testing.T) {
 		t.Errorf("the second 4-card pod got cards %v, want the freed quad 4-7", got)
 	}
 	e.checkNoOvercommit(t)
+}
+
+// TestClaimsPreferLinkedCards: a pod whose claim asks for four whole cards
+// goes, under binpack, to the node of two NVLink quads where a quad is free
+// rather than to the fuller one where no quad is, the topology read from
+// the devices' attributes the agent's DRA driver publishes.
+func TestClaimsPreferLinkedCards(t *testing.T) {
+	e := newEnv(t)
+	spec := "8x" + string(cluster.H100) + ",topology=" + topology.NVLinkQuads
+	linked, fuller := e.ns+"-linked", e.ns+"-fuller"
+	for _, name := range []string{linked, fuller} {
+		a, _, err := controlPlane.AddDRANodeOf(e.tCtx, name, spec, e.tCtx.TempDir())
+		e.nodes = append(e.nodes, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Once(e.tCtx); err != nil {
+			t.Fatal(err)
+		}
+		e.tCtx.Cleanup(func() {
+			_ = e.client.ResourceV1().ResourceSlices().DeleteCollection(e.tCtx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + name})
+		})
+	}
+	e.startScheduler()
+	claimPodOn := func(name, node string) {
+		pod := e.podSpec(name, "tessera-binpack", nil)
+		pod.Spec.ResourceClaims = []v1.PodResourceClaim{{Name: "gpu", ResourceClaimName: ptr.To(name)}}
+		pod.Spec.Containers[0].Resources.Claims = []v1.ResourceClaim{{Name: "gpu"}}
+		if node != "" {
+			pod.Spec.NodeSelector = map[string]string{v1.LabelHostname: node}
+		}
+		e.create(pod)
+	}
+	hold := func(name, node string, card int) {
+		e.createClaim(name, "gpu", &resourceapi.ExactDeviceRequest{
+			DeviceClassName: "gpu.tessera.io",
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: fmt.Sprintf(`device.attributes["%s"].index == %d`, gpuinfo.DRADriver, card),
+			}}},
+		})
+		claimPodOn(name, node)
+	}
+	hold("linked-0", linked, 0)
+	hold("fuller-0", fuller, 0)
+	hold("fuller-4", fuller, 4)
+	e.waitBound(30*time.Second, "linked-0", "fuller-0", "fuller-4")
+	e.createClaim("four", "gpu", &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.tessera.io", AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 4})
+	claimPodOn("four", "")
+	if got := e.waitBound(30*time.Second, "four")["four"].Spec.NodeName; got != linked {
+		t.Errorf("the 4-card claim's pod went to %s, want %s, where a quad is free", got, linked)
+	}
 }

@@ -45,6 +45,25 @@ type claimState struct {
 type claimNode struct {
 	cards []allocator.Card
 	used  []allocator.Usage
+	// inventory holds the cards as read from their devices and domains
+	// their NVLink domains (parallel to cards), for the links.
+	inventory []gpuinfo.Card
+	domains   []int64
+}
+
+// link gives the node's cards the links their devices' topology attributes
+// tell (gpuinfo.DRALink).
+func (n *claimNode) link() {
+	indices := make([]int, len(n.cards))
+	for i := range n.cards {
+		indices[i] = n.cards[i].Index
+	}
+	links := allocator.LinksBetween(indices, func(i, j int) gpuinfo.LinkClass {
+		return gpuinfo.DRALink(n.domains[i], n.domains[j], &n.inventory[i], &n.inventory[j])
+	})
+	for i := range n.cards {
+		n.cards[i].Links = links
+	}
 }
 
 // Clone returns the state itself: it is not changed after PreScore.
@@ -201,11 +220,16 @@ func (p *Plugin) claimNodes(nodeInfos []fwk.NodeInfo) map[string]*claimNode {
 				refs = append(refs, cardRef{n, len(n.cards), structured.MakeDeviceID(slice.Spec.Driver, slice.Spec.Pool.Name, d.Name)})
 				n.cards = append(n.cards, allocator.NewCard(card))
 				n.used = append(n.used, allocator.Usage{})
+				n.inventory = append(n.inventory, card)
+				n.domains = append(n.domains, gpuinfo.DRANVLinkDomain(d))
 			}
 		}
 	}
 	if len(nodes) == 0 {
 		return nil
+	}
+	for _, n := range nodes {
+		n.link()
 	}
 	allocated, err := dra.ResourceClaims().GatherAllocatedState()
 	if err != nil {
@@ -239,9 +263,9 @@ func (p *Plugin) claimScore(c *claimState, nodeInfo fwk.NodeInfo) int64 {
 	}
 	switch {
 	case out.Fits && p.nodePolicy == allocator.FragmentationAware:
-		return fragmentationScore(out)
+		return p.linkedScore(out, fragmentationScore(out))
 	case out.Fits:
-		return usageScore(out)
+		return p.linkedScore(out, usageScore(out))
 	case p.nodePolicy == allocator.FragmentationAware:
 		return math.MinInt64
 	case p.nodePolicy == allocator.Spread: // reversed by NormalizeScore

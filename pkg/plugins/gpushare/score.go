@@ -117,7 +117,7 @@ func (p *Plugin) NormalizeScore(_ context.Context, state fwk.CycleState, _ *v1.P
 	if p.nodePolicy != allocator.FragmentationAware {
 		normalize = linearNormalizer(p.nodePolicy == allocator.Spread && getCPUOnlyState(state) == nil)
 	}
-	if getState(state) != nil {
+	if getState(state) != nil || getClaimState(state) != nil {
 		normalizeLinked(scores, normalize)
 	} else {
 		normalize(scores)
