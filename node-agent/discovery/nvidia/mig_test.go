@@ -639,16 +639,9 @@ func TestMIGInstancesFollowCardHealth(t *testing.T) {
 	}
 	// Card 1's name cannot be read: it is unhealthy.
 	s.Devices[1].(*server.Device).GetNameFunc = func() (string, nvml.Return) { return "", nvml.ERROR_UNKNOWN }
-	handle := s.DeviceGetHandleByIndexFunc
-	lost := false
-	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		if lost && i == 0 {
-			return nil, nvml.ERROR_GPU_IS_LOST
-		}
-		return handle(i)
-	}
+	lost := loseCards(s)
 	before, n := scan(t, s)
-	lost = true
+	lost[0] = true
 	after, err := n.Cards()
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tessera-gpu/tessera/node-agent/discovery"
@@ -166,14 +167,7 @@ func TestWatchXIDs(t *testing.T) {
 func TestCardOffTheBus(t *testing.T) {
 	server := dgxa100.New()
 	setTopology(server, nvSwitchTopology)
-	handle := server.DeviceGetHandleByIndexFunc
-	lost := map[int]bool{}
-	server.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		if lost[i] {
-			return nil, nvml.ERROR_GPU_IS_LOST
-		}
-		return handle(i)
-	}
+	lost := loseCards(server)
 	n, err := New(server)
 	if err != nil {
 		t.Fatal(err)
@@ -234,4 +228,18 @@ func TestNVMLInitialisedAgain(t *testing.T) {
 	if err != nil || len(cards) != 8 || inits != 2 {
 		t.Errorf("after NVML stopped answering: %d cards, %v, %d initialisations; want 8 cards after a second one", len(cards), err, inits)
 	}
+}
+
+// loseCards makes the cards whose indices the test sets in the returned map
+// fall off the bus: NVML gives no handle for them.
+func loseCards(s *server.Server) map[int]bool {
+	handle := s.DeviceGetHandleByIndexFunc
+	lost := map[int]bool{}
+	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		if lost[i] {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return handle(i)
+	}
+	return lost
 }

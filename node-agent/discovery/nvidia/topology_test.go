@@ -332,14 +332,7 @@ func mustPciInfo(t *testing.T, s *server.Server, i int) nvml.PciInfo {
 func TestLinksMeasuredOnce(t *testing.T) {
 	s := newMockServer(t, 4, gpus.A100_PCIE_40GB)
 	setTopology(s, pcieSocketsTopology)
-	handle := s.DeviceGetHandleByIndexFunc
-	lost := map[int]bool{}
-	s.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		if lost[i] {
-			return nil, nvml.ERROR_GPU_IS_LOST
-		}
-		return handle(i)
-	}
+	lost := loseCards(s)
 	ancestorQueries := func() int {
 		total := 0
 		for _, d := range s.Devices {
