@@ -57,7 +57,8 @@ func (p *Plugin) isSchedulableAfterPodDeleted(logger klog.Logger, pod *v1.Pod, o
 
 // mayFitAfterDeletion reports whether the pod's GPU request may fit the
 // node's cards as the ledger has them; false only when the ledger knows the
-// node and finds no card of the pod's models or too little room on them.
+// node and finds no card of the pod's models, too little room on them, or
+// no set of them linked as the pod requires.
 func (p *Plugin) mayFitAfterDeletion(pod *v1.Pod, nodeName string) bool {
 	req, err := gpuinfo.ParsePodRequest(pod, p.names)
 	if err != nil || req == nil || nodeName == "" {
@@ -68,7 +69,7 @@ func (p *Plugin) mayFitAfterDeletion(pod *v1.Pod, nodeName string) bool {
 		return true
 	}
 	switch out.Failure.Kind {
-	case allocator.NoMatchingCard, allocator.NoCapacity, allocator.TooFewCards:
+	case allocator.NoMatchingCard, allocator.NoCapacity, allocator.TooFewCards, allocator.NoLinkedSet, allocator.NoTopology:
 		return false
 	}
 	return true
