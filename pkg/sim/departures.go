@@ -25,6 +25,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 	"github.com/tessera-gpu/tessera/pkg/plugins/gpushare"
 	"github.com/tessera-gpu/tessera/pkg/trace"
 )
@@ -289,6 +290,9 @@ type departuresReplay struct {
 	seq        int
 	// waits is each arrival's wait for its node, -1 while it has none.
 	waits []time.Duration
+	// bound are the pods bound since the last settle, in the order the
+	// watch gave them.
+	bound []*live
 	res   *DeparturesResult
 	// heldMilli and askedMilli are the GPU of running tasks, and of running
 	// and waiting ones.
@@ -362,7 +366,7 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 	if err != nil {
 		return nil, fmt.Errorf("building the scheduler: %w", err)
 	}
-	r.queue = pace(ctx, r.sched)
+	r.queue = pace(ctx, r.sched, holdable(nodes, gpuinfo.DefaultResourceNames()))
 	informers.Start(ctx.Done())
 	informers.WaitForCacheSync(ctx.Done())
 	go r.sched.Run(ctx)
@@ -486,32 +490,34 @@ func (r *departuresReplay) depart(d departure) error {
 // bindings run concurrently and reach the watch in any order.
 func (r *departuresReplay) settle(now time.Duration) error {
 	queue := r.sched.SchedulingQueue
-	var bound []*live
 	err := r.waitFor(func() bool {
-		bound = r.collectBindings(bound)
 		return len(queue.InFlightPods()) == 0 && len(queue.PodsInActiveQ()) == 0 && len(queue.PodsInBackoffQ()) == 0 &&
 			r.cachedPods() == len(r.running) && len(queue.UnschedulablePods()) == len(r.pending)
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for the scheduler to settle at %s (%d pods waiting, %d running): %w", now, len(r.pending), len(r.running), err)
 	}
-	slices.SortFunc(bound, func(a, b *live) int { return a.index - b.index })
-	for _, l := range bound {
+	slices.SortFunc(r.bound, func(a, b *live) int { return a.index - b.index })
+	for _, l := range r.bound {
 		r.waits[l.index] = now - l.arrived
 		r.seq++
 		heap.Push(&r.departures, departure{at: now + l.task.Duration, seq: r.seq, name: l.pod.Name})
 	}
+	r.bound = r.bound[:0]
+	// The fake clientset keeps every action it served; the replay reads
+	// none of them.
+	r.client.ClearActions()
 	return nil
 }
 
 // collectBindings takes the pods bound since the last look off the watch,
-// moves them from pending to running and appends them to bound.
-func (r *departuresReplay) collectBindings(bound []*live) []*live {
+// moves them from pending to running and adds them to r.bound.
+func (r *departuresReplay) collectBindings() {
 	for {
 		select {
 		case ev, ok := <-r.watcher.ResultChan():
 			if !ok {
-				return bound
+				return
 			}
 			p, isPod := ev.Object.(*v1.Pod)
 			if !isPod || p.Spec.NodeName == "" || ev.Type == watch.Deleted {
@@ -526,9 +532,9 @@ func (r *departuresReplay) collectBindings(bound []*live) []*live {
 			r.running[p.Name] = l
 			r.heldMilli += l.task.GPUMilliTotal()
 			r.res.Placed++
-			bound = append(bound, l)
+			r.bound = append(r.bound, l)
 		default:
-			return bound
+			return
 		}
 	}
 }
@@ -543,10 +549,12 @@ func (r *departuresReplay) cachedPods() int {
 	return n
 }
 
-// waitFor polls cond until it holds, for at most taskTimeout.
+// waitFor polls cond until it holds, for at most taskTimeout, taking the
+// bindings off the watch meanwhile: failed attempts patch pods' status, and
+// a watch left undrained overflows (the fake clientset's holds 100 events).
 func (r *departuresReplay) waitFor(cond func() bool) error {
 	deadline := time.Now().Add(taskTimeout)
-	for !cond() {
+	for r.collectBindings(); !cond(); r.collectBindings() {
 		if err := r.ctx.Err(); err != nil {
 			return err
 		}
