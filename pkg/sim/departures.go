@@ -93,7 +93,8 @@ type DeparturesResult struct {
 
 // ScaledFleet keeps a fraction of the nodes with the fleet's mix: the nodes
 // sorted by GPU model, card count, CPU and memory, one kept wherever the
-// running count of fraction × nodes passes a whole number. A departures
+// running count of fraction × nodes passes a whole number, and at least one
+// of every model. A departures
 // replay's cost grows with the square of the fleet (more nodes per
 // scheduling cycle, more arrivals to fill them); a smaller fleet with the
 // same mix and the same offered load gives what an operator of a smaller
@@ -110,14 +111,30 @@ func ScaledFleet(nodes []trace.Node, fraction float64) ([]trace.Node, error) {
 		return cmp.Or(strings.Compare(a.Model, b.Model), cmp.Compare(a.GPUs, b.GPUs),
 			cmp.Compare(a.CPUMilli, b.CPUMilli), cmp.Compare(a.MemoryMiB, b.MemoryMiB), strings.Compare(a.Name, b.Name))
 	})
-	var kept []trace.Node
+	keep := make([]bool, len(sorted))
+	models := map[string]bool{}
 	for i, n := range sorted {
 		if math.Floor(float64(i+1)*fraction) > math.Floor(float64(i)*fraction) {
-			kept = append(kept, n)
+			keep[i], models[n.Model] = true, true
 		}
 	}
-	if len(kept) == 0 {
-		return nil, fmt.Errorf("fleet fraction %v of %d nodes keeps none", fraction, len(nodes))
+	// A model the sampling passed over keeps its middle node: tasks that
+	// ask for it would otherwise have nowhere to go.
+	for first := 0; first < len(sorted); {
+		end := first
+		for end < len(sorted) && sorted[end].Model == sorted[first].Model {
+			end++
+		}
+		if !models[sorted[first].Model] {
+			keep[(first+end-1)/2] = true
+		}
+		first = end
+	}
+	var kept []trace.Node
+	for i, n := range sorted {
+		if keep[i] {
+			kept = append(kept, n)
+		}
 	}
 	return kept, nil
 }
