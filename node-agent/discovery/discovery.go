@@ -52,6 +52,15 @@ func (c *Card) Slice(profile string, start int) (*gpuinfo.MIGInstance, *gpuinfo.
 	return nil, nil
 }
 
+// LinkTo is the class of the card's link to the card of index peer;
+// LinkUnknown when not measured.
+func (c *Card) LinkTo(peer int) gpuinfo.LinkClass {
+	if peer >= 0 && peer < len(c.Links) {
+		return c.Links[peer]
+	}
+	return gpuinfo.LinkUnknown
+}
+
 // Backend lists the node's cards.
 type Backend interface {
 	// Name describes the backend for logs, e.g. "nvml (driver 550.54.15)".
@@ -123,12 +132,7 @@ func Inventory(cards []Card, newest int) *gpuinfo.Inventory {
 // two or none is known.
 func links(cards []Card) string {
 	known := false
-	link := func(i, j int) gpuinfo.LinkClass {
-		if peer := cards[j].Index; peer < len(cards[i].Links) {
-			return cards[i].Links[peer]
-		}
-		return gpuinfo.LinkUnknown
-	}
+	link := func(i, j int) gpuinfo.LinkClass { return cards[i].LinkTo(cards[j].Index) }
 	for i := range cards {
 		for j := i + 1; j < len(cards) && !known; j++ {
 			known = link(i, j) != gpuinfo.LinkUnknown

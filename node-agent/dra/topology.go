@@ -12,12 +12,7 @@ import (
 // nvlinkDomains numbers the cards' NVLink domains by card index.
 func nvlinkDomains(cards []discovery.Card) map[int]int {
 	sorted := sortedByIndex(cards)
-	link := func(i, j int) gpuinfo.LinkClass {
-		if peer := sorted[j].Index; peer < len(sorted[i].Links) {
-			return sorted[i].Links[peer]
-		}
-		return gpuinfo.LinkUnknown
-	}
+	link := func(i, j int) gpuinfo.LinkClass { return sorted[i].LinkTo(sorted[j].Index) }
 	domains := map[int]int{}
 	for i, d := range gpuinfo.NVLinkDomains(len(sorted), link) {
 		if d > 0 {
