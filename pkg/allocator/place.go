@@ -244,13 +244,10 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 				continue
 			}
 			card := &cards[i]
-			nd, ok := need(c, card)
-			avail := s.free[i].add(s.charge[i]).sub(s.base[i])
-			if !ok || !avail.covers(nd) {
+			nd, key, reuse, ok := s.room(card, i, c)
+			if !ok {
 				continue
 			}
-			reuse := s.charge[i].sub(s.base[i]).covers(nd)
-			key := leftoverPermille(avail.sub(nd), card.Capacity)
 			switch {
 			case card.Slice != nil:
 				var beaten bool
@@ -292,6 +289,19 @@ func (s *scratch) placeContainer(cards []Card, c *gpuinfo.ContainerRequest, poli
 		s.take(cards, best, c, out)
 	}
 	return Failure{}, true
+}
+
+// room reports whether container c fits card i (entry card): what it takes
+// of the card (need), what the card would have left (leftoverPermille), and
+// whether the pod already holds that much there for containers that do not
+// run beside c (reuse). A regular init container's room includes those.
+func (s *scratch) room(card *Card, i int, c *gpuinfo.ContainerRequest) (nd Usage, leftover int64, reuse, ok bool) {
+	nd, ok = need(c, card)
+	avail := s.free[i].add(s.charge[i]).sub(s.base[i])
+	if !ok || !avail.covers(nd) {
+		return nd, 0, false, false
+	}
+	return nd, leftoverPermille(avail.sub(nd), card.Capacity), s.charge[i].sub(s.base[i]).covers(nd), true
 }
 
 // policyKey ranks a whole card by the policy, higher first, from what it

@@ -1,6 +1,9 @@
 package allocator
 
 import (
+	"cmp"
+	"slices"
+
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -204,18 +207,16 @@ func (s *scratch) placeSet(cards []Card, c *gpuinfo.ContainerRequest, policy Pol
 		if !s.eligible[i] || s.taken[i] || card.Slice != nil {
 			continue
 		}
-		nd, ok := need(c, card)
-		avail := s.free[i].add(s.charge[i]).sub(s.base[i])
-		if !ok || !avail.covers(nd) {
+		nd, key, reuse, ok := s.room(card, i, c)
+		if !ok {
 			continue
 		}
-		key := leftoverPermille(avail.sub(nd), card.Capacity)
 		if policy == FragmentationAware {
 			key = s.fragKey(w, cards, i, nd, key)
 		} else {
 			key = policyKey(policy, key)
 		}
-		if s.charge[i].sub(s.base[i]).covers(nd) {
+		if reuse {
 			// Cards the pod holds for a container not running beside this
 			// one come first.
 			key += 1 << 50
@@ -239,7 +240,7 @@ func (s *scratch) placeSet(cards []Card, c *gpuinfo.ContainerRequest, policy Pol
 	for i := range chosen {
 		chosen[i] = ss.cand[chosen[i]].card
 	}
-	sortInts(chosen)
+	slices.Sort(chosen)
 	for _, i := range chosen {
 		s.take(cards, i, c, out)
 	}
@@ -250,27 +251,12 @@ func (s *scratch) placeSet(cards []Card, c *gpuinfo.ContainerRequest, policy Pol
 }
 
 // sortCandidates orders candidates by key, higher first, then by damage,
-// lower first, then by position: the search meets the policy's choice first.
-// An insertion sort: there are at most MaxCardsPerNode, and it does not
-// allocate.
+// lower first, then by class and position: the search meets the policy's
+// choice first, and a class's members together.
 func sortCandidates(cand []setCandidate) {
-	for i := 1; i < len(cand); i++ {
-		for j := i; j > 0 && candidateBefore(&cand[j], &cand[j-1]); j-- {
-			cand[j], cand[j-1] = cand[j-1], cand[j]
-		}
-	}
-}
-
-func candidateBefore(a, b *setCandidate) bool {
-	switch {
-	case a.key != b.key:
-		return a.key > b.key
-	case a.damage != b.damage:
-		return a.damage < b.damage
-	case a.class != b.class:
-		return a.class < b.class
-	}
-	return a.card < b.card
+	slices.SortFunc(cand, func(a, b setCandidate) int {
+		return cmp.Or(cmp.Compare(b.key, a.key), cmp.Compare(a.damage, b.damage), cmp.Compare(a.class, b.class), cmp.Compare(a.card, b.card))
+	})
 }
 
 // classify numbers the candidates' classes of interchangeable ones: a
@@ -301,13 +287,4 @@ func interchangeable(cand []setCandidate, links *Links, a, b int) bool {
 		}
 	}
 	return true
-}
-
-// sortInts sorts a few ints in place without allocating.
-func sortInts(v []int) {
-	for i := 1; i < len(v); i++ {
-		for j := i; j > 0 && v[j] < v[j-1]; j-- {
-			v[j], v[j-1] = v[j-1], v[j]
-		}
-	}
 }
