@@ -23,6 +23,9 @@ func TestBadInventoriesAreReportedAndSkipped(t *testing.T) {
 		"negative":  `{"version":1,"cards":[{"index":0,"uuid":"u","model":"X","memoryMiB":-81920,"cores":100,"healthy":true}]}`,
 		"10k-cards": testutil.EmptyCards(10000),
 		"dup-index": `{"version":1,"cards":[{"index":0,"uuid":"a","model":"X","memoryMiB":81920,"cores":100,"healthy":true},{"index":0,"uuid":"b","model":"X","memoryMiB":81920,"cores":100,"healthy":true}]}`,
+		// Links claimed for pairs that do not exist, or in another alphabet.
+		"links-length": `{"version":2,"links":"VVVV","cards":[{"index":0,"uuid":"a","model":"X","memoryMiB":81920,"cores":100,"healthy":true},{"index":1,"uuid":"b","model":"X","memoryMiB":81920,"cores":100,"healthy":true}]}`,
+		"links-letter": `{"version":2,"links":"Z","cards":[{"index":0,"uuid":"a","model":"X","memoryMiB":81920,"cores":100,"healthy":true},{"index":1,"uuid":"b","model":"X","memoryMiB":81920,"cores":100,"healthy":true}]}`,
 	}
 	// A broken agent could write these; the admission policies let it, on
 	// its own node.

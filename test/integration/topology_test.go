@@ -69,6 +69,13 @@ func TestTopologyNVLinkQuads(t *testing.T) {
 	if got := cards(e.waitBound(30*time.Second, "second")["second"]); !oneQuad(got) || got[0] != 4 {
 		t.Errorf("the second 4-card pod got cards %v, want the freed quad 4-7", got)
 	}
+	// A tenant's misspelt requirement is an invalid request, named.
+	typo := fourLinked("typo")
+	typo.Annotations[gpuinfo.TopologyAnnotation] = "NVLINK"
+	e.create(typo)
+	if msg := e.waitUnschedulable("typo"); !strings.Contains(msg, `annotation tessera.io/gpu-topology: must be "nvlink"`) {
+		t.Errorf("pending message %q does not name the invalid annotation", msg)
+	}
 	e.checkNoOvercommit(t)
 }
 
