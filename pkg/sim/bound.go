@@ -13,10 +13,22 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/trace"
 )
 
-// ratioBuckets is how many buckets of CPU per GPU an octave is cut into when
-// tasks are grouped for the bound: a group counts the least CPU per GPU of
-// its tasks, so coarser buckets loosen the bound, never break it.
+// ratioBuckets is how many buckets of CPU (or memory) per GPU an octave is
+// cut into when tasks are grouped for the bound: a group counts the least
+// CPU and memory per GPU of its tasks, so coarser buckets loosen the bound,
+// never break it.
 const ratioBuckets = 8
+
+// hostResources is how many host resources the relaxation counts: CPU (in
+// cores) and memory (in GiB).
+const hostResources = 2
+
+// host is an amount of each host resource.
+type host [hostResources]float64
+
+func hostOf(cpuMilli, memoryMiB int64) host {
+	return host{float64(cpuMilli) / 1000, float64(memoryMiB) / 1024}
+}
 
 // AllocationBound is an upper bound, in percent of the nodes' GPU capacity,
 // on the GPU allocation any placement can reach with the tasks that have
@@ -24,26 +36,36 @@ const ratioBuckets = 8
 // capacity (as the replay's curve counts them): 100 less it bounds the
 // unallocated share from below. It solves exactly, as a linear program, a
 // relaxation that ignores which card a task sits on and lets tasks split:
-// each kind of node (model, cards, CPU) offers its GPU and CPU in total; a
-// GPU task goes only to nodes of its models (gpu_spec, matched as the
-// scheduler matches tessera.io/gpu-model) with as many cards as it asks, and
-// takes CPU with its GPU at the least ratio of its group (tasks grouped by
-// models, card count and CPU per GPU, ratioBuckets to the octave);
-// CPU-only tasks and memory are left out. Every placement the replay makes
-// is feasible for the relaxation, so its allocation is at most the bound.
+// each kind of node (model, cards, CPU, memory) offers its GPU, CPU and
+// memory in total; a GPU task goes only to nodes of its models (gpu_spec,
+// matched as the scheduler matches tessera.io/gpu-model) with as many cards
+// as it asks, and takes CPU and memory with its GPU at the least ratios of
+// its group (tasks grouped by models, card count, and CPU and memory per
+// GPU, ratioBuckets to the octave); CPU-only tasks are left out. Every
+// placement the replay makes is feasible for the relaxation, so its
+// allocation is at most the bound.
 func AllocationBound(nodes []trace.Node, arrivals []trace.Task, arrivedPercent int) (float64, error) {
 	nodes = GPUNodes(nodes)
 	capacity := CapacityMilli(nodes)
 	if capacity == 0 {
 		return 0, fmt.Errorf("no GPU nodes")
 	}
-	kinds := nodeKinds(nodes)
 	groups, err := taskGroups(arrived(arrivals, capacity, arrivedPercent))
 	if err != nil {
 		return 0, err
 	}
-	// Variables: the GPU of each group on each kind it may use, then a
-	// slack per row. Rows: a group's GPU, a kind's GPU, a kind's CPU.
+	gpus, err := solveRelaxation(nodeKinds(nodes), groups)
+	if err != nil {
+		return 0, err
+	}
+	return min(max(gpus*1000*100/float64(capacity), 0), 100), nil
+}
+
+// solveRelaxation returns the most GPU the relaxation places, solved as a
+// linear program (gonum's simplex). Variables: the GPU of each group on
+// each kind it may use, then a slack per row. Rows: a group's GPU, a kind's
+// GPU, a kind's CPU and memory.
+func solveRelaxation(kinds []nodeKind, groups []taskGroup) (float64, error) {
 	type pair struct{ group, kind int }
 	var pairs []pair
 	for g := range groups {
@@ -56,7 +78,8 @@ func AllocationBound(nodes []trace.Node, arrivals []trace.Task, arrivedPercent i
 	if len(pairs) == 0 {
 		return 0, nil
 	}
-	rows := len(groups) + 2*len(kinds)
+	kindRow := func(resource, kind int) int { return len(groups) + resource*len(kinds) + kind }
+	rows := len(groups) + (1+hostResources)*len(kinds)
 	cols := len(pairs) + rows
 	a := mat.NewDense(rows, cols, nil)
 	b := make([]float64, rows)
@@ -64,26 +87,30 @@ func AllocationBound(nodes []trace.Node, arrivals []trace.Task, arrivedPercent i
 	for i, p := range pairs {
 		c[i] = -1
 		a.Set(p.group, i, 1)
-		a.Set(len(groups)+p.kind, i, 1)
-		a.Set(len(groups)+len(kinds)+p.kind, i, groups[p.group].cpuPerGPU)
+		a.Set(kindRow(0, p.kind), i, 1)
+		for res := range hostResources {
+			a.Set(kindRow(1+res, p.kind), i, groups[p.group].leastPerGPU[res])
+		}
 	}
 	for g := range groups {
 		b[g] = groups[g].gpus
 	}
 	for k := range kinds {
-		b[len(groups)+k] = kinds[k].gpus
-		b[len(groups)+len(kinds)+k] = kinds[k].cpus
+		b[kindRow(0, k)] = kinds[k].gpus
+		for res := range hostResources {
+			b[kindRow(1+res, k)] = kinds[k].offers[res]
+		}
 	}
 	basic := make([]int, rows)
-	for r := range rows {
-		a.Set(r, len(pairs)+r, 1)
-		basic[r] = len(pairs) + r
+	for row := range rows {
+		a.Set(row, len(pairs)+row, 1)
+		basic[row] = len(pairs) + row
 	}
 	opt, _, err := lp.Simplex(c, a, b, 1e-9, basic)
 	if err != nil {
 		return 0, fmt.Errorf("solving the relaxation: %w", err)
 	}
-	return min(max(-opt*1000*100/float64(capacity), 0), 100), nil
+	return -opt, nil
 }
 
 // arrived is the prefix of arrivals that has arrived when the arrived GPU
@@ -99,24 +126,27 @@ func arrived(arrivals []trace.Task, capacityMilli int64, percent int) []trace.Ta
 	return arrivals
 }
 
-// nodeKind is the nodes of one model, card count and CPU, their GPU (in
-// GPUs) and CPU (in cores) added up.
+// nodeKind is the nodes of one model, card count, CPU and memory: their GPU
+// (in GPUs), CPU and memory added up.
 type nodeKind struct {
-	model      string
-	cards      int
-	gpus, cpus float64
+	model  string
+	cards  int
+	gpus   float64
+	offers host
+}
+
+// kindKey identifies a node's kind.
+type kindKey struct {
+	model              string
+	cards              int
+	cpuMilli, memoryMi int64
 }
 
 func nodeKinds(nodes []trace.Node) []nodeKind {
-	type key struct {
-		model    string
-		cards    int
-		cpuMilli int64
-	}
-	index := map[key]int{}
+	index := map[kindKey]int{}
 	var kinds []nodeKind
 	for _, n := range nodes {
-		k := key{strings.ToLower(n.Model), n.GPUs, n.CPUMilli}
+		k := kindKey{strings.ToLower(n.Model), n.GPUs, n.CPUMilli, n.MemoryMiB}
 		i, ok := index[k]
 		if !ok {
 			i = len(kinds)
@@ -124,18 +154,22 @@ func nodeKinds(nodes []trace.Node) []nodeKind {
 			kinds = append(kinds, nodeKind{model: k.model, cards: n.GPUs})
 		}
 		kinds[i].gpus += float64(n.GPUs)
-		kinds[i].cpus += float64(n.CPUMilli) / 1000
+		offers := hostOf(n.CPUMilli, n.MemoryMiB)
+		for res := range hostResources {
+			kinds[i].offers[res] += offers[res]
+		}
 	}
 	return kinds
 }
 
 // taskGroup is GPU tasks of one model selection, card count and bucket of
-// CPU per GPU: their GPU added up, and the least CPU per GPU among them.
+// CPU and of memory per GPU: their GPU added up, and the least of each host
+// resource per GPU among them.
 type taskGroup struct {
-	selector  gpuinfo.Selector
-	cards     int
-	gpus      float64
-	cpuPerGPU float64
+	selector    gpuinfo.Selector
+	cards       int
+	gpus        float64
+	leastPerGPU host
 }
 
 // fits reports whether the group's tasks may run on nodes of the kind.
@@ -143,11 +177,20 @@ func (g *taskGroup) fits(k *nodeKind) bool {
 	return g.cards <= k.cards && g.selector.Matches(k.model, "")
 }
 
+// ratioBucket is the bucket of a ratio, ratioBuckets to the octave.
+func ratioBucket(ratio float64) int {
+	if ratio <= 0 {
+		return math.MinInt
+	}
+	return int(math.Floor(math.Log2(ratio) * ratioBuckets))
+}
+
+// taskGroups groups the GPU tasks.
 func taskGroups(tasks []trace.Task) ([]taskGroup, error) {
 	type key struct {
-		spec   string
-		cards  int
-		bucket int
+		spec    string
+		cards   int
+		buckets [hostResources]int
 	}
 	index := map[key]int{}
 	var groups []taskGroup
@@ -156,14 +199,15 @@ func taskGroups(tasks []trace.Task) ([]taskGroup, error) {
 		if gpu <= 0 {
 			continue
 		}
-		ratio := float64(t.CPUMilli) / 1000 / gpu
-		bucket := math.MinInt
-		if ratio > 0 {
-			bucket = int(math.Floor(math.Log2(ratio) * ratioBuckets))
-		}
+		uses := hostOf(t.CPUMilli, t.MemoryMiB)
 		spec := slices.Clone(t.GPUSpec)
 		slices.Sort(spec)
-		k := key{strings.Join(spec, ","), t.NumGPU, bucket}
+		k := key{spec: strings.Join(spec, ","), cards: t.NumGPU}
+		var ratio host
+		for res := range hostResources {
+			ratio[res] = uses[res] / gpu
+			k.buckets[res] = ratioBucket(ratio[res])
+		}
 		i, ok := index[k]
 		if !ok {
 			sel, err := gpuinfo.ParseSelector(t.Annotations())
@@ -172,10 +216,13 @@ func taskGroups(tasks []trace.Task) ([]taskGroup, error) {
 			}
 			i = len(groups)
 			index[k] = i
-			groups = append(groups, taskGroup{selector: sel, cards: t.NumGPU, cpuPerGPU: ratio})
+			groups = append(groups, taskGroup{selector: sel, cards: t.NumGPU, leastPerGPU: ratio})
 		}
-		groups[i].gpus += gpu
-		groups[i].cpuPerGPU = min(groups[i].cpuPerGPU, ratio)
+		g := &groups[i]
+		g.gpus += gpu
+		for res := range hostResources {
+			g.leastPerGPU[res] = min(g.leastPerGPU[res], ratio[res])
+		}
 	}
 	return groups, nil
 }
