@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -36,7 +38,7 @@ func runBound(o options, out io.Writer) error {
 	capacity := sim.CapacityMilli(sim.GPUNodes(nodes))
 	var b strings.Builder
 	fmt.Fprintf(&b, "Unallocated GPU %% at arrived workload = 100 %% of capacity: the lower bound (sim.AllocationBound) and the offline packer's result (sim.OfflinePack); means over seeds %s.\n\n", o.seeds)
-	b.WriteString("| task list | bound on unallocated % | min–max | offline packer unallocated % | min–max | moves per seed | seconds |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("| task list | bound on unallocated % | min–max | offline packer unallocated % | min–max | best start (CPU balance weight × seeds) | seconds |\n|---|---|---|---|---|---|---|\n")
 	for _, w := range workloads {
 		tasks, err := readFile(filepath.Join(o.traces, simreport.TracePrefix+w+".csv"), trace.ReadTasks)
 		if err != nil {
@@ -44,7 +46,7 @@ func runBound(o options, out io.Writer) error {
 		}
 		start := time.Now()
 		var bound, offline spread
-		moves := 0
+		balances := map[float64]int{}
 		for _, s := range seeds {
 			arrivals := sim.Arrivals(tasks, capacity, s)
 			allocation, err := sim.AllocationBound(nodes, arrivals, 100)
@@ -57,9 +59,9 @@ func runBound(o options, out io.Writer) error {
 				return fmt.Errorf("%s, seed %d: %w", w, s, err)
 			}
 			offline.add(100 - packed.Allocation)
-			moves += packed.Moves
+			balances[packed.Balance]++
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %d | %.1f |\n", w, bound, offline, moves/len(seeds), time.Since(start).Seconds())
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.1f |\n", w, bound, offline, balanceCounts(balances), time.Since(start).Seconds())
 	}
 	if err := os.WriteFile(filepath.Join(o.out, boundTableFile), []byte(b.String()), 0o644); err != nil {
 		return err
@@ -89,4 +91,15 @@ func (s *spread) add(v float64) {
 // String is the mean and the range as two table cells.
 func (s spread) String() string {
 	return fmt.Sprintf("%.2f | %.2f–%.2f", s.sum/float64(max(s.n, 1)), s.lo, s.hi)
+}
+
+// balanceCounts lists the offline packer's best starts over the seeds, as
+// weight×seeds, by weight.
+func balanceCounts(counts map[float64]int) string {
+	weights := slices.Sorted(maps.Keys(counts))
+	parts := make([]string, len(weights))
+	for i, w := range weights {
+		parts[i] = fmt.Sprintf("%g×%d", w, counts[w])
+	}
+	return strings.Join(parts, ", ")
 }
