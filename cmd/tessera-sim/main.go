@@ -186,8 +186,8 @@ var departuresMode = mode[simreport.DepartureRun]{
 			return simreport.DepartureRun{}, "", err
 		}
 		r := simreport.FromDepartures(j.workload, res)
-		line := fmt.Sprintf("%.2f%% allocated in the second half (%.2f%% offered), %.1f%% of pods waited, p90 wait %.0f s, %d still waiting, %s",
-			r.MeanAllocation(), r.MeanOffered(), r.Waited, r.WaitP90, r.StillPending, res.Elapsed.Round(time.Second))
+		line := fmt.Sprintf("%.2f%% allocated in the second half (%.2f%% offered), %.1f%% of pods waited, p90 wait %.0f s, %d still waiting (%d for a full model), %s",
+			r.MeanAllocation(), r.MeanOffered(), r.Waited, r.WaitP90, r.StillPending, r.PendingForFullModel, res.Elapsed.Round(time.Second))
 		return r, line, nil
 	},
 	report: reportDepartures,

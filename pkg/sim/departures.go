@@ -88,7 +88,12 @@ type DeparturesResult struct {
 	// (StationaryStart); Placed got a node; Departed ran their duration
 	// and left; StillPending were waiting when the window ended.
 	Tasks, Initial, Placed, Departed, StillPending int
-	Elapsed                                        time.Duration
+	// PendingForFullModel is how many of the StillPending waited for
+	// capacity rather than for a better placement: the GPU left free on all
+	// the nodes that could ever hold the pod (its models, enough cards and
+	// CPU) was less than it asks.
+	PendingForFullModel int
+	Elapsed             time.Duration
 }
 
 // ScaledFleet keeps a fraction of the nodes with the fleet's mix: the nodes
@@ -383,7 +388,8 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 	if err != nil {
 		return nil, fmt.Errorf("building the scheduler: %w", err)
 	}
-	r.queue = pace(ctx, r.sched, holdable(nodes, gpuinfo.DefaultResourceNames()))
+	canHold := holdable(nodes, gpuinfo.DefaultResourceNames())
+	r.queue = pace(ctx, r.sched, canHold)
 	informers.Start(ctx.Done())
 	informers.WaitForCacheSync(ctx.Done())
 	go r.sched.Run(ctx)
@@ -420,6 +426,7 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 		}
 	}
 	r.res.Tasks, r.res.StillPending = len(arrivals), len(r.pending)
+	r.res.PendingForFullModel = r.pendingForFullModel(nodes, canHold)
 	r.res.Elapsed = time.Since(begin)
 	return r.res, nil
 }
@@ -525,6 +532,33 @@ func (r *departuresReplay) settle(now time.Duration) error {
 	// none of them.
 	r.client.ClearActions()
 	return nil
+}
+
+// pendingForFullModel counts the waiting pods for which the nodes that
+// could ever hold them (canHold) have, all together, less free GPU than
+// they ask: they wait for their model's cards to be given back, which no
+// placement could have spared them.
+func (r *departuresReplay) pendingForFullModel(nodes []trace.Node, canHold func(*v1.Pod, string) bool) int {
+	freeMilli := make(map[string]int64, len(nodes))
+	for _, n := range nodes {
+		freeMilli[n.Name] = int64(n.GPUs) * 1000
+	}
+	for _, l := range r.running {
+		freeMilli[l.pod.Spec.NodeName] -= l.task.GPUMilliTotal()
+	}
+	count := 0
+	for _, l := range r.pending {
+		var free int64
+		for _, n := range nodes {
+			if canHold(l.pod, n.Name) {
+				free += freeMilli[n.Name]
+			}
+		}
+		if free < l.task.GPUMilliTotal() {
+			count++
+		}
+	}
+	return count
 }
 
 // collectBindings takes the pods bound since the last look off the watch,

@@ -266,6 +266,9 @@ func TestDepartures(t *testing.T) {
 				t.Fatalf("%d tasks (%d at the start), %d placed, %d departed, %d still pending, %d waits: inconsistent",
 					res.Tasks, res.Initial, res.Placed, res.Departed, res.StillPending, len(res.Waits))
 			}
+			if res.PendingForFullModel < 0 || res.PendingForFullModel > res.StillPending {
+				t.Fatalf("%d of %d waiting pods counted as waiting for a full model", res.PendingForFullModel, res.StillPending)
+			}
 			if len(res.Allocation) != sim.DepartureSamples+1 {
 				t.Fatalf("%d samples, want %d", len(res.Allocation), sim.DepartureSamples+1)
 			}

@@ -23,9 +23,10 @@ type DepartureRun struct {
 	// multiples of its capacity.
 	Fleet, Arrivals float64
 	TotalGPUs       int
-	// Tasks, Initial, Placed, Departed and StillPending are the replay's
-	// counts (sim.DeparturesResult).
-	Tasks, Initial, Placed, Departed, StillPending int
+	// Tasks, Initial, Placed, Departed, StillPending and
+	// PendingForFullModel are the replay's counts (sim.DeparturesResult);
+	// PendingForFullModel is -1 in files written before it was counted.
+	Tasks, Initial, Placed, Departed, StillPending, PendingForFullModel int
 	// Window is the arrival window, in seconds of the trace's time.
 	Window float64
 	// WaitP50, WaitP90 and WaitP99 are percentiles of the placed pods'
@@ -49,6 +50,7 @@ func FromDepartures(trace string, r *sim.DeparturesResult) DepartureRun {
 	return DepartureRun{
 		Trace: trace, Policy: r.Profile, Seed: r.Seed, Load: r.Load, Fleet: r.Fleet, Arrivals: r.Arrivals, TotalGPUs: r.TotalGPUs,
 		Tasks: r.Tasks, Initial: r.Initial, Placed: r.Placed, Departed: r.Departed, StillPending: r.StillPending,
+		PendingForFullModel: r.PendingForFullModel,
 		Window:  r.Window.Seconds(),
 		WaitP50: percentile(r.Waits, 50), WaitP90: percentile(r.Waits, 90), WaitP99: percentile(r.Waits, 99),
 		MultiCardWaitP90: percentile(r.MultiCardWaits, 90),
@@ -96,8 +98,12 @@ func departureHeader() []string {
 	for i := 0; i <= sim.DepartureSamples; i++ {
 		h = append(h, "offered_"+strconv.Itoa(i))
 	}
-	return h
+	return append(h, pendingForFullModelColumn)
 }
+
+// pendingForFullModelColumn is the last column: files written before it
+// was counted end at the samples, and are read with it unknown.
+const pendingForFullModelColumn = "still_pending_full_model"
 
 // WriteDeparturesCSV writes departures replays, one row each.
 func WriteDeparturesCSV(w io.Writer, runs []DepartureRun) error {
@@ -116,6 +122,7 @@ func WriteDeparturesCSV(w io.Writer, runs []DepartureRun) error {
 		for _, v := range r.Offered {
 			row = append(row, f(v))
 		}
+		row = append(row, strconv.Itoa(r.PendingForFullModel))
 		if err := cw.Write(row); err != nil {
 			return err
 		}
@@ -131,8 +138,11 @@ func ReadDeparturesCSV(r io.Reader) ([]DepartureRun, error) {
 		return nil, err
 	}
 	want := departureHeader()
+	if len(records) > 0 && slices.Equal(records[0], want[:len(want)-1]) {
+		want = want[:len(want)-1]
+	}
 	if len(records) == 0 || !slices.Equal(records[0], want) {
-		return nil, fmt.Errorf("not a departures file: want columns %s, then alloc_0..%d and offered_0..%d", strings.Join(departureColumns, ","), sim.DepartureSamples, sim.DepartureSamples)
+		return nil, fmt.Errorf("not a departures file: want columns %s, then alloc_0..%d, offered_0..%d and %s", strings.Join(departureColumns, ","), sim.DepartureSamples, sim.DepartureSamples, pendingForFullModelColumn)
 	}
 	runs := make([]DepartureRun, 0, len(records)-1)
 	for i, rec := range records[1:] {
@@ -154,6 +164,10 @@ func ReadDeparturesCSV(r io.Reader) ([]DepartureRun, error) {
 			Window: num(12), WaitP50: num(13), WaitP90: num(14), WaitP99: num(15), MultiCardWaitP90: num(16), Waited: num(17),
 		}
 		run.Seed = uint64(num(2))
+		run.PendingForFullModel = -1
+		if len(want) == len(departureHeader()) {
+			run.PendingForFullModel = int(num(len(want) - 1))
+		}
 		first := len(departureColumns)
 		for s := 0; s <= sim.DepartureSamples; s++ {
 			run.Allocation = append(run.Allocation, num(first+s))
@@ -197,6 +211,9 @@ type DepartureMean struct {
 	Seeds     int
 	// The fields below are means over the seeds of DepartureRun's.
 	MeanAllocation, MeanOffered, WaitP50, WaitP90, WaitP99, MultiCardWaitP90, Waited, StillPending, Window float64
+	// PendingForFullModel is the mean of the runs' PendingForFullModel,
+	// -1 when a run does not know it.
+	PendingForFullModel float64
 	Allocation, Offered                                                                                    []float64
 }
 
@@ -228,6 +245,11 @@ func DepartureMeans(runs []DepartureRun) []DepartureMean {
 		m.MultiCardWaitP90 += r.MultiCardWaitP90
 		m.Waited += r.Waited
 		m.StillPending += float64(r.StillPending)
+		if r.PendingForFullModel < 0 || m.PendingForFullModel < 0 {
+			m.PendingForFullModel = -1
+		} else {
+			m.PendingForFullModel += float64(r.PendingForFullModel)
+		}
 		m.Window += r.Window
 		for s := range r.Allocation {
 			m.Allocation[s] += r.Allocation[s]
@@ -239,6 +261,9 @@ func DepartureMeans(runs []DepartureRun) []DepartureMean {
 		n := float64(m.Seeds)
 		for _, v := range []*float64{&m.MeanAllocation, &m.MeanOffered, &m.WaitP50, &m.WaitP90, &m.WaitP99, &m.MultiCardWaitP90, &m.Waited, &m.StillPending, &m.Window} {
 			*v /= n
+		}
+		if m.PendingForFullModel > 0 {
+			m.PendingForFullModel /= n
 		}
 		for s := range m.Allocation {
 			m.Allocation[s] /= n
@@ -258,12 +283,16 @@ func DeparturesTable(means []DepartureMean, policies []string) string {
 			slices.Index(policies, a.Policy)-slices.Index(policies, b.Policy))
 	})
 	var b strings.Builder
-	b.WriteString("| trace | load | GPUs | arrivals (× capacity) | window | policy | seeds | GPU allocated % | GPU offered % | pods that waited % | wait p50 | wait p90 | wait p99 | multi-card wait p90 | still waiting at the end |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| trace | load | GPUs | arrivals (× capacity) | window | policy | seeds | GPU allocated % | GPU offered % | pods that waited % | wait p50 | wait p90 | wait p99 | multi-card wait p90 | still waiting at the end | of them for a full model |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, m := range sorted {
-		fmt.Fprintf(&b, "| %s | %.2f | %d | %g | %s | %s | %d | %.2f | %.2f | %.1f | %s | %s | %s | %s | %.1f |\n",
+		fullModel := "–"
+		if m.PendingForFullModel >= 0 {
+			fullModel = fmt.Sprintf("%.1f", m.PendingForFullModel)
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %d | %g | %s | %s | %d | %.2f | %.2f | %.1f | %s | %s | %s | %s | %.1f | %s |\n",
 			m.Trace, m.Load, m.TotalGPUs, m.Arrivals, seconds(m.Window), m.Policy, m.Seeds, m.MeanAllocation, m.MeanOffered, m.Waited,
-			seconds(m.WaitP50), seconds(m.WaitP90), seconds(m.WaitP99), seconds(m.MultiCardWaitP90), m.StillPending)
+			seconds(m.WaitP50), seconds(m.WaitP90), seconds(m.WaitP99), seconds(m.MultiCardWaitP90), m.StillPending, fullModel)
 	}
 	return b.String()
 }

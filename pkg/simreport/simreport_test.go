@@ -73,7 +73,7 @@ func TestMeansAndTable(t *testing.T) {
 // whose offered load is level plus 5.
 func departureRun(policy string, seed uint64, level float64) simreport.DepartureRun {
 	r := simreport.DepartureRun{Trace: "default", Policy: policy, Seed: seed, Load: 1.1, Fleet: 1, Arrivals: 2, TotalGPUs: 6212, Tasks: 100, Initial: 20, Placed: 90, Departed: 50, StillPending: 10,
-		Window: 3600, WaitP50: 0, WaitP90: 30, WaitP99: 600, MultiCardWaitP90: 1200, Waited: 20}
+		PendingForFullModel: int(seed) - 40, Window: 3600, WaitP50: 0, WaitP90: 30, WaitP99: 600, MultiCardWaitP90: 1200, Waited: 20}
 	for s := 0; s <= sim.DepartureSamples; s++ {
 		r.Allocation = append(r.Allocation, min(float64(2*s), level))
 		r.Offered = append(r.Offered, min(float64(2*s), level)+5)
@@ -106,13 +106,29 @@ func TestDeparturesCSVRoundTripAndTable(t *testing.T) {
 	}
 	table := simreport.DeparturesTable(means, []string{"tessera-binpack", "random"})
 	for _, want := range []string{
-		"| default | 1.10 | 6212 | 2 | 60.0 min | tessera-binpack | 2 | 85.00 | 90.00 | 20.0 | 0 | 30 s | 10.0 min | 20.0 min | 10.0 |",
+		"| default | 1.10 | 6212 | 2 | 60.0 min | tessera-binpack | 2 | 85.00 | 90.00 | 20.0 | 0 | 30 s | 10.0 min | 20.0 min | 10.0 | 2.5 |",
 		"| default | 1.10 | 6212 | 2 | 60.0 min | random | 1 | 70.00 | 75.00 |",
 		"| default | 1.10 | 1553 | 2 | 60.0 min | tessera-binpack | 1 | 60.00 | 65.00 |",
 	} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table lacks %q:\n%s", want, table)
 		}
+	}
+	// A file from before the count of pods waiting for a full model: read,
+	// the count unknown.
+	var lines []string
+	for _, line := range strings.Split(strings.TrimSpace(departuresCSV(t, runs)), "\n") {
+		lines = append(lines, line[:strings.LastIndex(line, ",")])
+	}
+	old, err := simreport.ReadDeparturesCSV(strings.NewReader(strings.Join(lines, "\n")))
+	if err != nil {
+		t.Fatalf("reading a file without the last column: %v", err)
+	}
+	if old[0].PendingForFullModel != -1 {
+		t.Errorf("a file without the column read %d pods waiting for a full model, want -1 (unknown)", old[0].PendingForFullModel)
+	}
+	if oldTable := simreport.DeparturesTable(simreport.DepartureMeans(old), []string{"tessera-binpack", "random"}); !strings.Contains(oldTable, "| 10.0 | – |") {
+		t.Errorf("the table of a file without the column does not say the count is unknown:\n%s", oldTable)
 	}
 	if strings.Index(table, "| random |") < strings.Index(table, "| tessera-binpack |") {
 		t.Errorf("policies not in the order given:\n%s", table)
@@ -138,4 +154,13 @@ func TestFromDeparturesPercentiles(t *testing.T) {
 	if r.WaitP50 != 0 || r.WaitP90 != 80 || r.WaitP99 != 98 || r.MultiCardWaitP90 != 9 || r.Waited != 50 {
 		t.Errorf("p50 %v, p90 %v, p99 %v, multi-card p90 %v, waited %v%%; want 0, 80, 98, 9, 50", r.WaitP50, r.WaitP90, r.WaitP99, r.MultiCardWaitP90, r.Waited)
 	}
+}
+
+// buf2 is the departures CSV of the runs.
+func departuresCSV(t *testing.T, runs []simreport.DepartureRun) string {
+	var buf bytes.Buffer
+	if err := simreport.WriteDeparturesCSV(&buf, runs); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
 }
