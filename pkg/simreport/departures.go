@@ -51,8 +51,8 @@ func FromDepartures(trace string, r *sim.DeparturesResult) DepartureRun {
 		Trace: trace, Policy: r.Profile, Seed: r.Seed, Load: r.Load, Fleet: r.Fleet, Arrivals: r.Arrivals, TotalGPUs: r.TotalGPUs,
 		Tasks: r.Tasks, Initial: r.Initial, Placed: r.Placed, Departed: r.Departed, StillPending: r.StillPending,
 		PendingForFullModel: r.PendingForFullModel,
-		Window:  r.Window.Seconds(),
-		WaitP50: percentile(r.Waits, 50), WaitP90: percentile(r.Waits, 90), WaitP99: percentile(r.Waits, 99),
+		Window:              r.Window.Seconds(),
+		WaitP50:             percentile(r.Waits, 50), WaitP90: percentile(r.Waits, 90), WaitP99: percentile(r.Waits, 99),
 		MultiCardWaitP90: percentile(r.MultiCardWaits, 90),
 		Waited:           100 * float64(waited) / float64(max(len(r.Waits), 1)),
 		Allocation:       r.Allocation, Offered: r.Offered,
@@ -214,7 +214,7 @@ type DepartureMean struct {
 	// PendingForFullModel is the mean of the runs' PendingForFullModel,
 	// -1 when a run does not know it.
 	PendingForFullModel float64
-	Allocation, Offered                                                                                    []float64
+	Allocation, Offered []float64
 }
 
 // DepartureMeans averages runs over seeds per setup and policy, in
