@@ -34,23 +34,26 @@ func hostOf(cpuMilli, memoryMiB int64) host {
 // on the GPU allocation any placement can reach with the tasks that have
 // arrived when the arrived workload first reaches arrivedPercent of the
 // capacity (as the replay's curve counts them): 100 less it bounds the
-// unallocated share from below. It solves exactly, as a linear program, a
-// relaxation that ignores which card a task sits on and lets tasks split:
+// unallocated share from below. It is the lesser of two relaxations, each
+// solved exactly as a linear program. The first ignores which card a task
+// sits on and lets tasks split:
 // each kind of node (model, cards, CPU, memory) offers its GPU, CPU and
 // memory in total; a GPU task goes only to nodes of its models (gpu_spec,
 // matched as the scheduler matches tessera.io/gpu-model) with as many cards
 // as it asks, and takes CPU and memory with its GPU at the least ratios of
 // its group (tasks grouped by models, card count, and CPU and memory per
-// GPU, ratioBuckets to the octave); CPU-only tasks are left out. Every
-// placement the replay makes is feasible for the relaxation, so its
-// allocation is at most the bound.
+// GPU, ratioBuckets to the octave); CPU-only tasks are left out. The
+// second keeps tasks whole on cards and ignores everything else
+// (cardBound). Every placement the replay makes is feasible for both, so
+// its allocation is at most the bound.
 func AllocationBound(nodes []trace.Node, arrivals []trace.Task, arrivedPercent int) (float64, error) {
 	nodes = GPUNodes(nodes)
 	capacity := CapacityMilli(nodes)
 	if capacity == 0 {
 		return 0, fmt.Errorf("no GPU nodes")
 	}
-	groups, err := taskGroups(arrived(arrivals, capacity, arrivedPercent))
+	tasks := arrived(arrivals, capacity, arrivedPercent)
+	groups, err := taskGroups(tasks)
 	if err != nil {
 		return 0, err
 	}
@@ -58,6 +61,11 @@ func AllocationBound(nodes []trace.Node, arrivals []trace.Task, arrivedPercent i
 	if err != nil {
 		return 0, err
 	}
+	onCards, err := cardBound(tasks, int(capacity/1000))
+	if err != nil {
+		return 0, err
+	}
+	gpus = min(gpus, onCards)
 	return min(max(gpus*1000*100/float64(capacity), 0), 100), nil
 }
 

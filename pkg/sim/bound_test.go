@@ -91,3 +91,21 @@ func TestAllocationBoundCountsMemory(t *testing.T) {
 		t.Errorf("bound = %.4f%%, want %.4f%% (the node's memory holds 1.6 tasks' worth)", got, want)
 	}
 }
+
+// TestAllocationBoundKeepsSharesWhole: three shares of 60 % on two cards.
+// Their total (1.8 GPUs) fits the cards, but no two fit one card: at most
+// two are placed, 1.2 of 2 GPUs.
+func TestAllocationBoundKeepsSharesWhole(t *testing.T) {
+	nodes := []trace.Node{{Name: "n", CPUMilli: 64000, MemoryMiB: 65536, GPUs: 2, Model: "T4"}}
+	var tasks []trace.Task
+	for _, name := range []string{"a", "b", "c"} {
+		tasks = append(tasks, trace.Task{Name: name, CPUMilli: 1000, MemoryMiB: 1024, NumGPU: 1, GPUMilli: 600})
+	}
+	got, err := sim.AllocationBound(nodes, tasks, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 60.0; math.Abs(got-want) > 1e-6 {
+		t.Errorf("bound = %.4f%%, want %.4f%%", got, want)
+	}
+}
