@@ -137,9 +137,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			res.Errors++
 		}
 		c.arrive(t, placed)
-		// The fake clientset keeps every action it served; the replay reads
-		// none of them, and kept they grow the heap the collector scans.
-		client.ClearActions()
 		if cfg.Progress != nil {
 			cfg.Progress(i+1, len(arrivals))
 		}
