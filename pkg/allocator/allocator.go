@@ -38,10 +38,6 @@ type Strategy struct {
 	// Reserve is how many entirely free healthy cards of the node the pod
 	// must leave entirely free (capacity reserved for other pods).
 	Reserve int
-	// Memo, when set, is the node's FragmentMemo: the node is measured
-	// again only when its cards, their free usage, its free CPU or the
-	// workload changed.
-	Memo *FragmentMemo
 }
 
 // Usage is an amount of memory and compute on one card.

@@ -224,7 +224,7 @@ func PlaceWithoutGPU(cards []Card, used []Usage, st Strategy) Outcome {
 	}
 	o := Outcome{Fits: true, UsedPermille: s.usedPermille(cards)}
 	if w := st.Workload; w != nil {
-		st.Memo.measure(&s.frag, w, cards, s.free[:n], st.CPUFreeMilli)
+		s.frag.measure(w, cards, s.free[:n], st.CPUFreeMilli)
 		before := s.frag.value(w)
 		s.frag.cpuFree -= st.CPUMilli
 		o.FragmentationDelta = s.frag.value(w) - before

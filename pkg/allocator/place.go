@@ -192,7 +192,7 @@ func (s *scratch) place(cards []Card, req *gpuinfo.PodRequest, st Strategy, out 
 		w = nil
 	}
 	if w != nil {
-		st.Memo.measure(&s.frag, w, cards[:n], s.free[:n], st.CPUFreeMilli)
+		s.frag.measure(w, cards[:n], s.free[:n], st.CPUFreeMilli)
 		s.fragBefore = s.frag.value(w)
 	}
 	s.link, s.linkSum, s.damage = noSet, 0, 0

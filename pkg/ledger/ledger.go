@@ -69,8 +69,6 @@ type node struct {
 	kind uint32
 	// idle is set while nothing is charged on any of its cards.
 	idle bool
-	// fragments is the node's last fragmentation measure (Strategy.Memo).
-	fragments allocator.FragmentMemo
 }
 
 type pod struct {

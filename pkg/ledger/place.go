@@ -75,7 +75,6 @@ func (n *node) fit(req *gpuinfo.PodRequest, deltas []allocator.Delta, st allocat
 	if err := n.unusable(); err != nil {
 		return allocator.Outcome{}, err
 	}
-	st.Memo = &n.fragments
 	return allocator.Place(n.cards, n.used, deltas, req, st, nil), nil
 }
 
@@ -97,7 +96,6 @@ func (l *Ledger) FitWithoutGPU(nodeName string, st allocator.Strategy) (allocato
 	if err := n.unusable(); err != nil {
 		return allocator.Outcome{}, err
 	}
-	st.Memo = &n.fragments
 	return allocator.PlaceWithoutGPU(n.cards, n.used, st), nil
 }
 
