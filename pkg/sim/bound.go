@@ -13,21 +13,22 @@ import (
 	"github.com/tessera-gpu/tessera/pkg/trace"
 )
 
-// ratioBuckets is how many buckets of CPU (or memory) per GPU an octave is
-// cut into when tasks are grouped for the bound: a group counts the least
-// CPU and memory per GPU of its tasks, so coarser buckets loosen the bound,
-// never break it.
+// ratioBuckets is how many buckets of CPU per GPU an octave is cut into
+// when tasks are grouped for the bound: a group counts the least CPU per
+// GPU of its tasks, so coarser buckets loosen the bound, never break it.
 const ratioBuckets = 8
 
 // hostResources is how many host resources the relaxation counts: CPU (in
-// cores) and memory (in GiB).
-const hostResources = 2
+// cores). Replayed pods ask no host memory (the artifact fits tasks on CPU
+// and GPU only), so the relaxation counts none either: counted, it could
+// fall below what a replay allocates.
+const hostResources = 1
 
 // host is an amount of each host resource.
 type host [hostResources]float64
 
-func hostOf(cpuMilli, memoryMiB int64) host {
-	return host{float64(cpuMilli) / 1000, float64(memoryMiB) / 1024}
+func hostOf(cpuMilli int64) host {
+	return host{float64(cpuMilli) / 1000}
 }
 
 // AllocationBound is an upper bound, in percent of the nodes' GPU capacity,
@@ -37,12 +38,12 @@ func hostOf(cpuMilli, memoryMiB int64) host {
 // unallocated share from below. It is the lesser of two relaxations, each
 // solved exactly as a linear program. The first ignores which card a task
 // sits on and lets tasks split:
-// each kind of node (model, cards, CPU, memory) offers its GPU, CPU and
-// memory in total; a GPU task goes only to nodes of its models (gpu_spec,
-// matched as the scheduler matches tessera.io/gpu-model) with as many cards
-// as it asks, and takes CPU and memory with its GPU at the least ratios of
-// its group (tasks grouped by models, card count, and CPU and memory per
-// GPU, ratioBuckets to the octave); CPU-only tasks are left out. The
+// each kind of node (model, cards, CPU) offers its GPU and CPU in total; a
+// GPU task goes only to nodes of its models (gpu_spec, matched as the
+// scheduler matches tessera.io/gpu-model) with as many cards as it asks,
+// and takes CPU with its GPU at the least ratio of its group (tasks grouped
+// by models, card count and CPU per GPU, ratioBuckets to the octave);
+// CPU-only tasks are left out. The
 // second keeps tasks whole on cards and ignores everything else
 // (cardBound). Every placement the replay makes is feasible for both, so
 // its allocation is at most the bound.
@@ -72,7 +73,7 @@ func AllocationBound(nodes []trace.Node, arrivals []trace.Task, arrivedPercent i
 // solveRelaxation returns the most GPU the relaxation places, solved as a
 // linear program (gonum's simplex). Variables: the GPU of each group on
 // each kind it may use, then a slack per row. Rows: a group's GPU, a kind's
-// GPU, a kind's CPU and memory.
+// GPU, a kind's CPU.
 func solveRelaxation(kinds []nodeKind, groups []taskGroup) (float64, error) {
 	type pair struct{ group, kind int }
 	var pairs []pair
@@ -134,8 +135,8 @@ func arrived(arrivals []trace.Task, capacityMilli int64, percent int) []trace.Ta
 	return arrivals
 }
 
-// nodeKind is the nodes of one model, card count, CPU and memory: their GPU
-// (in GPUs), CPU and memory added up.
+// nodeKind is the nodes of one model, card count and CPU: their GPU (in
+// GPUs) and CPU added up.
 type nodeKind struct {
 	model  string
 	cards  int
@@ -145,16 +146,16 @@ type nodeKind struct {
 
 // kindKey identifies a node's kind.
 type kindKey struct {
-	model              string
-	cards              int
-	cpuMilli, memoryMi int64
+	model    string
+	cards    int
+	cpuMilli int64
 }
 
 func nodeKinds(nodes []trace.Node) []nodeKind {
 	index := map[kindKey]int{}
 	var kinds []nodeKind
 	for _, n := range nodes {
-		k := kindKey{strings.ToLower(n.Model), n.GPUs, n.CPUMilli, n.MemoryMiB}
+		k := kindKey{strings.ToLower(n.Model), n.GPUs, n.CPUMilli}
 		i, ok := index[k]
 		if !ok {
 			i = len(kinds)
@@ -162,7 +163,7 @@ func nodeKinds(nodes []trace.Node) []nodeKind {
 			kinds = append(kinds, nodeKind{model: k.model, cards: n.GPUs})
 		}
 		kinds[i].gpus += float64(n.GPUs)
-		offers := hostOf(n.CPUMilli, n.MemoryMiB)
+		offers := hostOf(n.CPUMilli)
 		for res := range hostResources {
 			kinds[i].offers[res] += offers[res]
 		}
@@ -171,8 +172,7 @@ func nodeKinds(nodes []trace.Node) []nodeKind {
 }
 
 // taskGroup is GPU tasks of one model selection, card count and bucket of
-// CPU and of memory per GPU: their GPU added up, and the least of each host
-// resource per GPU among them.
+// CPU per GPU: their GPU added up, and the least CPU per GPU among them.
 type taskGroup struct {
 	selector    gpuinfo.Selector
 	cards       int
@@ -207,7 +207,7 @@ func taskGroups(tasks []trace.Task) ([]taskGroup, error) {
 		if gpu <= 0 {
 			continue
 		}
-		uses := hostOf(t.CPUMilli, t.MemoryMiB)
+		uses := hostOf(t.CPUMilli)
 		spec := slices.Clone(t.GPUSpec)
 		slices.Sort(spec)
 		k := key{spec: strings.Join(spec, ","), cards: t.NumGPU}

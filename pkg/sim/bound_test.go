@@ -75,23 +75,6 @@ func TestAllocationBoundHoldsForReplays(t *testing.T) {
 	}
 }
 
-// TestAllocationBoundCountsMemory: two whole-card tasks of 40 GiB each on a
-// node of two cards and 64 GiB: one fits, and the bound says so.
-func TestAllocationBoundCountsMemory(t *testing.T) {
-	nodes := []trace.Node{{Name: "n", CPUMilli: 64000, MemoryMiB: 65536, GPUs: 2, Model: "T4"}}
-	tasks := []trace.Task{
-		{Name: "a", CPUMilli: 1000, MemoryMiB: 40960, NumGPU: 1, GPUMilli: 1000},
-		{Name: "b", CPUMilli: 1000, MemoryMiB: 40960, NumGPU: 1, GPUMilli: 1000},
-	}
-	got, err := sim.AllocationBound(nodes, tasks, 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := 65536.0 / 40960 / 2 * 100; math.Abs(got-want) > 1e-6 {
-		t.Errorf("bound = %.4f%%, want %.4f%% (the node's memory holds 1.6 tasks' worth)", got, want)
-	}
-}
-
 // TestAllocationBoundKeepsSharesWhole: three shares of 60 % on two cards.
 // Their total (1.8 GPUs) fits the cards, but no two fit one card: at most
 // two are placed, 1.2 of 2 GPUs.

@@ -44,9 +44,10 @@ type OfflineResult struct {
 // apart the node's free CPU and free GPU are left (a node whose CPU runs
 // out before its GPU strands that GPU). The packer runs once per weight in
 // offlineBalances and keeps the best. CPU-only tasks go last into the room
-// left: they add no GPU. Cards, CPU, memory and models are respected as the
-// scheduler does; the placement is recounted and checked before it is
-// returned.
+// left: they add no GPU. Cards, CPU and models are respected as the
+// replays' scheduler does, and host memory too, which replayed pods do not
+// ask: the packer is stricter than the replays. The placement is recounted
+// and checked before it is returned.
 func OfflinePack(nodes []trace.Node, arrivals []trace.Task, arrivedPercent int) (*OfflineResult, error) {
 	nodes = GPUNodes(nodes)
 	capacity := CapacityMilli(nodes)
