@@ -92,9 +92,9 @@ func solveRelaxation(kinds []nodeKind, groups []taskGroup) (float64, error) {
 	cols := len(pairs) + rows
 	a := mat.NewDense(rows, cols, nil)
 	b := make([]float64, rows)
-	c := make([]float64, cols)
+	gain := make([]float64, cols)
 	for i, p := range pairs {
-		c[i] = -1
+		gain[i] = 1
 		a.Set(p.group, i, 1)
 		a.Set(kindRow(0, p.kind), i, 1)
 		for res := range hostResources {
@@ -110,16 +110,30 @@ func solveRelaxation(kinds []nodeKind, groups []taskGroup) (float64, error) {
 			b[kindRow(1+res, k)] = kinds[k].offers[res]
 		}
 	}
-	basic := make([]int, rows)
-	for row := range rows {
-		a.Set(row, len(pairs)+row, 1)
-		basic[row] = len(pairs) + row
-	}
-	opt, _, err := lp.Simplex(c, a, b, 1e-9, basic)
+	gpus, err := maximize(gain, a, b, len(pairs))
 	if err != nil {
 		return 0, fmt.Errorf("solving the relaxation: %w", err)
 	}
-	return -opt, nil
+	return gpus, nil
+}
+
+// maximize solves max gainᵀx subject to a·x ≤ b, x ≥ 0, for the first vars
+// columns of a, with gonum's simplex: it fills the columns after them with
+// a slack per row (a has vars+rows columns, gain as many entries, the
+// slacks' zero), which is the feasible basis the simplex starts from.
+func maximize(gain []float64, a *mat.Dense, b []float64, vars int) (float64, error) {
+	rows, _ := a.Dims()
+	c := make([]float64, len(gain))
+	for i, g := range gain {
+		c[i] = -g
+	}
+	basic := make([]int, rows)
+	for row := range rows {
+		a.Set(row, vars+row, 1)
+		basic[row] = vars + row
+	}
+	opt, _, err := lp.Simplex(c, a, b, 1e-9, basic)
+	return -opt, err
 }
 
 // arrived is the prefix of arrivals that has arrived when the arrived GPU

@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"gonum.org/v1/gonum/mat"
-	"gonum.org/v1/gonum/optimize/convex/lp"
 
 	"github.com/tessera-gpu/tessera/pkg/trace"
 )
@@ -49,9 +48,9 @@ func cardBound(tasks []trace.Task, cards int) (float64, error) {
 	cols := len(sizes) + rows
 	a := mat.NewDense(rows, cols, nil)
 	b := make([]float64, rows)
-	c := make([]float64, cols)
+	gain := make([]float64, cols)
 	for i, s := range sizes {
-		c[i] = -float64(s.milli) / 1000
+		gain[i] = float64(s.milli) / 1000
 		a.Set(i, i, 1)
 		b[i] = counts[s]
 		a.Set(len(sizes), i, float64(s.percent))
@@ -62,16 +61,11 @@ func cardBound(tasks []trace.Task, cards int) (float64, error) {
 	for r := len(sizes); r < rows; r++ {
 		b[r] = float64(cards * cardPercent)
 	}
-	basic := make([]int, rows)
-	for r := range rows {
-		a.Set(r, len(sizes)+r, 1)
-		basic[r] = len(sizes) + r
-	}
-	opt, _, err := lp.Simplex(c, a, b, 1e-9, basic)
+	gpus, err := maximize(gain, a, b, len(sizes))
 	if err != nil {
 		return 0, fmt.Errorf("solving the card relaxation: %w", err)
 	}
-	return -opt, nil
+	return gpus, nil
 }
 
 // cardFunctions are the dual-feasible functions cardBound uses, on a
