@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -19,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/events"
-	"k8s.io/klog/v2"
 	fwk "k8s.io/kube-scheduler/framework"
 	"k8s.io/kubernetes/pkg/scheduler"
 	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
@@ -299,25 +297,19 @@ const neverFlushed = 100 * 365 * 24 * time.Hour
 
 // departuresReplay is the state of one departures replay.
 type departuresReplay struct {
-	ctx      context.Context
-	client   *fake.Clientset
-	sched    *scheduler.Scheduler
-	queue    *pacedQueue
-	gpuShare *orderedGPUShare
-	watcher  watch.Interface
-	clock    *virtualClock
-	start    time.Time
-	capacity int64
-	pending  map[string]*live
-	running  map[string]*live
-	// nodes are the replay's nodes by name.
-	nodes map[string]trace.Node
-	// freed is the room on the node of the departure under way.
-	freed atomic.Pointer[freedRoom]
-	// deletionHint is GPUShare's queueing hint for assigned-pod deletions.
-	deletionHint fwk.QueueingHintFn
-	departures   departureHeap
-	seq          int
+	ctx        context.Context
+	client     *fake.Clientset
+	sched      *scheduler.Scheduler
+	queue      *pacedQueue
+	gpuShare   *orderedGPUShare
+	watcher    watch.Interface
+	clock      *virtualClock
+	start      time.Time
+	capacity   int64
+	pending    map[string]*live
+	running    map[string]*live
+	departures departureHeap
+	seq        int
 	// waits is each arrival's wait for its node, -1 while it has none.
 	waits []time.Duration
 	// bound are the pods bound since the last settle, in the order the
@@ -372,12 +364,9 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 	defer cancel()
 	r := &departuresReplay{
 		ctx: ctx, client: fake.NewSimpleClientset(), start: time.Unix(0, 0), capacity: capacity,
-		pending: map[string]*live{}, running: map[string]*live{}, nodes: map[string]trace.Node{},
+		pending: map[string]*live{}, running: map[string]*live{},
 		res: &DeparturesResult{Profile: cfg.Profile, Seed: cfg.Seed, Load: cfg.Load, Fleet: fleet, Arrivals: padding, TotalGPUs: int(capacity / 1000),
 			Window: times[len(times)-1], Initial: len(initial)},
-	}
-	for _, n := range nodes {
-		r.nodes[n.Name] = n
 	}
 	r.clock = newVirtualClock(r.start)
 	r.waits = make([]time.Duration, len(arrivals))
@@ -400,9 +389,7 @@ func RunDepartures(ctx context.Context, cfg DeparturesConfig) (*DeparturesResult
 		return nil, fmt.Errorf("building the scheduler: %w", err)
 	}
 	canHold := holdable(nodes, gpuinfo.DefaultResourceNames())
-	r.queue = pace(ctx, r.sched, func(pod, deleted *v1.Pod) bool {
-		return canHold(pod, deleted.Spec.NodeName) && r.roomAfterDeparture(pod) && r.gpuShareMayHelp(pod, deleted)
-	})
+	r.queue = pace(ctx, r.sched, canHold)
 	informers.Start(ctx.Done())
 	informers.WaitForCacheSync(ctx.Done())
 	go r.sched.Run(ctx)
@@ -453,20 +440,10 @@ func (r *departuresReplay) registry() frameworkruntime.Registry {
 	}
 	reg[gpushare.Name] = func(ctx context.Context, obj runtime.Object, h fwk.Handle) (fwk.Plugin, error) {
 		p, err := newOrderedGPUShare(ctx, obj, h)
-		if err != nil {
-			return nil, err
+		if err == nil {
+			r.gpuShare = p.(*orderedGPUShare)
 		}
-		r.gpuShare = p.(*orderedGPUShare)
-		events, err := r.gpuShare.EventsToRegister(ctx)
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range events {
-			if e.Event.Resource == fwk.AssignedPod && e.Event.ActionType&fwk.Delete != 0 {
-				r.deletionHint = e.QueueingHintFn
-			}
-		}
-		return p, nil
+		return p, err
 	}
 	return reg
 }
@@ -515,7 +492,6 @@ func (r *departuresReplay) depart(d departure) error {
 	r.heldMilli -= l.task.GPUMilliTotal()
 	r.askedMilli -= l.task.GPUMilliTotal()
 	r.res.Departed++
-	r.noteRoom(l.pod.Spec.NodeName)
 	if err := r.client.CoreV1().Pods(namespace).Delete(r.ctx, d.name, metav1.DeleteOptions{}); err != nil {
 		return err
 	}
@@ -556,47 +532,6 @@ func (r *departuresReplay) settle(now time.Duration) error {
 	// none of them.
 	r.client.ClearActions()
 	return nil
-}
-
-// freedRoom is the CPU free on the node of the departure under way, once
-// the departed pod is gone: the pods it may help are those that ask no
-// more (roomAfterDeparture). Replayed pods ask no memory (pod).
-type freedRoom struct {
-	cpuMilli int64
-}
-
-// noteRoom records the CPU the running pods leave free on the node, before
-// the departure's deletion reaches the scheduler's queue.
-func (r *departuresReplay) noteRoom(node string) {
-	n := r.nodes[node]
-	room := &freedRoom{cpuMilli: n.CPUMilli}
-	for _, l := range r.running {
-		if l.pod.Spec.NodeName == node {
-			room.cpuMilli -= l.pod.Spec.Containers[0].Resources.Requests.Cpu().MilliValue()
-		}
-	}
-	r.freed.Store(room)
-}
-
-// roomAfterDeparture reports whether the node of the departure under way
-// has the CPU the pod asks for. Nothing else moves while a departure's
-// deletion is handled, so a pod that does not fit there now would only
-// fail another scheduling cycle.
-func (r *departuresReplay) roomAfterDeparture(pod *v1.Pod) bool {
-	room := r.freed.Load()
-	return room == nil || pod.Spec.Containers[0].Resources.Requests.Cpu().MilliValue() <= room.cpuMilli
-}
-
-// gpuShareMayHelp asks GPUShare's queueing hint for assigned-pod deletions
-// whether the deletion may let the pod's GPUs fit: kube-scheduler asks it
-// only when GPUShare rejected the pod, and moves the pod anyway when
-// NodeResourcesFit also did.
-func (r *departuresReplay) gpuShareMayHelp(pod, deleted *v1.Pod) bool {
-	if r.deletionHint == nil {
-		return true
-	}
-	hint, err := r.deletionHint(klog.FromContext(r.ctx), pod, deleted, nil)
-	return err != nil || hint != fwk.QueueSkip
 }
 
 // pendingForFullModel counts the waiting pods for which the nodes that

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -85,45 +84,5 @@ func TestPendingForFullModel(t *testing.T) {
 	}
 	if got := r.pendingForFullModel(nodes, holdable(nodes, gpuinfo.DefaultResourceNames())); got != want {
 		t.Errorf("%d pods waiting for a full model, want %d", got, want)
-	}
-}
-
-// TestRoomAfterDeparture: a departure helps only the waiting pods whose
-// CPU the freed node has now, the departed pod's given back.
-func TestRoomAfterDeparture(t *testing.T) {
-	nodes := []trace.Node{
-		{Name: "a", CPUMilli: 16000, MemoryMiB: 65536, GPUs: 2, Model: "T4"},
-		{Name: "b", CPUMilli: 16000, MemoryMiB: 65536, GPUs: 2, Model: "T4"},
-	}
-	r := &departuresReplay{running: map[string]*live{}, nodes: map[string]trace.Node{}}
-	for _, n := range nodes {
-		r.nodes[n.Name] = n
-	}
-	for i, run := range []struct {
-		task trace.Task
-		node string
-	}{
-		{trace.Task{CPUMilli: 10000, MemoryMiB: 8192, NumGPU: 1, GPUMilli: 500}, "a"},
-		{trace.Task{CPUMilli: 2000, MemoryMiB: 40960, NumGPU: 1, GPUMilli: 500}, "a"},
-		{trace.Task{CPUMilli: 15000, MemoryMiB: 1024}, "b"},
-	} {
-		run.task.Name = fmt.Sprintf("running-%d", i)
-		p := pod(run.task, i, "tessera-binpack")
-		p.Spec.NodeName = run.node
-		r.running[p.Name] = &live{task: run.task, pod: p}
-	}
-	// Node a keeps 4 cores free.
-	r.noteRoom("a")
-	for _, tc := range []struct {
-		task trace.Task
-		want bool
-	}{
-		{trace.Task{CPUMilli: 4000, MemoryMiB: 16384, NumGPU: 1, GPUMilli: 300}, true},
-		{trace.Task{CPUMilli: 4001, MemoryMiB: 1024, NumGPU: 1, GPUMilli: 300}, false},
-	} {
-		tc.task.Name = "waiting"
-		if got := r.roomAfterDeparture(pod(tc.task, 0, "tessera-binpack")); got != tc.want {
-			t.Errorf("%d m CPU: %v, want %v", tc.task.CPUMilli, got, tc.want)
-		}
 	}
 }

@@ -25,11 +25,10 @@ import (
 // pacedQueue makes moving and popping exclusive: the loop pops only when a
 // pod is queued, and never while a move is under way. It also counts the
 // moves made for deleted assigned pods, which a departure waits for, and
-// moves for such a deletion only the pods it may help (helps: the freed
-// node could hold them now): kube-scheduler's NodeResourcesFit moves every
-// pod after any deletion, which on a long queue of pods waiting for
-// another model, a larger node or card room makes each departure cost a
-// scheduling cycle per waiting pod.
+// moves for such a deletion only the pods its node could ever hold
+// (holdable): kube-scheduler's NodeResourcesFit moves every pod after any
+// deletion, which on a long queue of pods waiting for another model or a
+// larger node makes each departure cost a scheduling cycle per waiting pod.
 //
 // Pods reach the active queue only through the methods wrapped here:
 // departures replays turn off backoff and the periodic flush of
@@ -41,15 +40,14 @@ type pacedQueue struct {
 	queued    *sync.Cond
 	closed    bool
 	deletions atomic.Int64
-	// helps reports whether the deletion of an assigned pod may let the
-	// waiting pod fit: only the deleted pod's node changed.
-	helps func(pod, deleted *v1.Pod) bool
+	// holdable reports whether the named node could ever hold the pod.
+	holdable func(pod *v1.Pod, node string) bool
 }
 
 // pace puts a pacedQueue between the scheduler and its queue. It must be
 // called before the scheduler's informers start or its loop runs.
-func pace(ctx context.Context, sched *scheduler.Scheduler, helps func(pod, deleted *v1.Pod) bool) *pacedQueue {
-	q := &pacedQueue{SchedulingQueue: sched.SchedulingQueue, pop: sched.NextEntity, helps: helps}
+func pace(ctx context.Context, sched *scheduler.Scheduler, holdable func(pod *v1.Pod, node string) bool) *pacedQueue {
+	q := &pacedQueue{SchedulingQueue: sched.SchedulingQueue, pop: sched.NextEntity, holdable: holdable}
 	q.queued = sync.NewCond(&q.mu)
 	sched.SchedulingQueue, sched.NextEntity = q, q.next
 	go func() {
@@ -102,12 +100,12 @@ func (q *pacedQueue) AddUnschedulablePodIfNotPresent(logger klog.Logger, pInfo *
 }
 
 // MoveAllToActiveOrBackoffQueue moves the pods the event may help, as one
-// step (for an assigned pod's deletion, only those it may help),
+// step (for an assigned pod's deletion, only those its node could hold),
 // and counts assigned-pod deletions.
 func (q *pacedQueue) MoveAllToActiveOrBackoffQueue(logger klog.Logger, event fwk.ClusterEvent, oldObj, newObj any, preCheck internalqueue.PreEnqueueCheck) {
-	if deleted, ok := oldObj.(*v1.Pod); ok && preCheck == nil && q.helps != nil && deleted.Spec.NodeName != "" &&
+	if deleted, ok := oldObj.(*v1.Pod); ok && preCheck == nil && q.holdable != nil && deleted.Spec.NodeName != "" &&
 		event.Label() == framework.EventAssignedPodDelete.Label() {
-		preCheck = func(p *v1.Pod) bool { return q.helps(p, deleted) }
+		preCheck = func(p *v1.Pod) bool { return q.holdable(p, deleted.Spec.NodeName) }
 	}
 	q.wake(func() { q.SchedulingQueue.MoveAllToActiveOrBackoffQueue(logger, event, oldObj, newObj, preCheck) })
 	if event.Label() == framework.EventAssignedPodDelete.Label() {
