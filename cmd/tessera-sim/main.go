@@ -77,7 +77,7 @@ func main() {
 	flag.Float64Var(&o.fleet, "fleet", 1, "with --departures: the fraction of the GPU nodes replayed on, with the fleet's mix of nodes (a replay's cost grows with its square)")
 	flag.Float64Var(&o.arrivals, "arrivals", sim.DeparturePadding, "with --departures: the GPU the arrivals ask, in multiples of the replayed fleet's capacity; more make a longer window, in which more tasks leave")
 	flag.BoolVar(&o.links, "links", false, "run the topology churn simulation instead (pkg/linksim: multi-card pods on nodes with card topologies, every policy with and without topology and a HAMi-like baseline; --load defaults to 0.9 there) and write "+linksTableFile+" and a plot")
-	flag.BoolVar(&o.bound, "bound", false, "compute instead, for every task list and seed, the distance to the best packing at arrived = 100 %: the lower bound on unallocated GPU (a relaxation solved as a linear program, pkg/sim AllocationBound) and the offline packer's result (pkg/sim OfflinePack), and write "+boundTableFile)
+	flag.BoolVar(&o.bound, "bound", false, "compute instead, for every task list and seed, the distance to the best packing at arrived = 100 %: the lower bound on unallocated GPU (the lesser of two relaxations solved as linear programs, pkg/sim AllocationBound) and the offline packer's result (pkg/sim OfflinePack), and write "+boundTableFile)
 	flag.Parse()
 	if o.links && !isFlagSet("load") {
 		o.load = 0.9
