@@ -55,9 +55,13 @@ func OfflinePack(nodes []trace.Node, arrivals []trace.Task, arrivedPercent int) 
 		return nil, fmt.Errorf("no GPU nodes")
 	}
 	tasks := arrived(arrivals, capacity, arrivedPercent)
+	p, err := newPacker(nodes, tasks)
+	if err != nil {
+		return nil, err
+	}
 	var best *OfflineResult
 	for _, balance := range offlineBalances {
-		res, err := pack(nodes, tasks, balance, capacity)
+		res, err := p.pack(balance, capacity)
 		if err != nil {
 			return nil, err
 		}
@@ -68,19 +72,16 @@ func OfflinePack(nodes []trace.Node, arrivals []trace.Task, arrivedPercent int) 
 	return best, nil
 }
 
-// pack is one start of the offline packer.
-func pack(nodes []trace.Node, tasks []trace.Task, balance float64, capacity int64) (*OfflineResult, error) {
-	p, err := newPacker(nodes, tasks)
-	if err != nil {
-		return nil, err
-	}
+// pack is one start of the offline packer, from an empty fleet.
+func (p *packer) pack(balance float64, capacity int64) (*OfflineResult, error) {
+	p.empty()
 	p.balance = balance
 	p.greedy()
 	p.placeCPUOnly()
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	res := &OfflineResult{Tasks: len(tasks), Balance: balance}
+	res := &OfflineResult{Tasks: len(p.tasks), Balance: balance}
 	var placedMilli int64
 	for i := range p.tasks {
 		t := &p.tasks[i]
@@ -117,6 +118,18 @@ func (n *packNode) freePercent() int {
 		free += c
 	}
 	return free
+}
+
+// tightestCard is the card with the least room that still holds share
+// percent, or -1.
+func (n *packNode) tightestCard(share int) int {
+	best := -1
+	for c, free := range n.cards {
+		if free >= share && (best < 0 || free < n.cards[best]) {
+			best = c
+		}
+	}
+	return best
 }
 
 // wholeFree counts the node's cards with nothing on them.
@@ -206,49 +219,66 @@ func newPacker(nodes []trace.Node, tasks []trace.Task) (*packer, error) {
 	return p, nil
 }
 
+// empty takes every task off the nodes.
+func (p *packer) empty() {
+	for n := range p.nodes {
+		node := &p.nodes[n]
+		node.cpuFree, node.memFree, node.tasks = node.cpu, node.mem, node.tasks[:0]
+		for c := range node.cards {
+			node.cards[c] = cardPercent
+		}
+	}
+	for i := range p.tasks {
+		p.tasks[i].node, p.tasks[i].cards = -1, nil
+	}
+}
+
 // greedy places every GPU task, in packing order, where it fits best.
 func (p *packer) greedy() {
 	for _, i := range p.order {
-		if n, cards, ok := p.bestFit(i); ok {
-			p.place(i, n, cards)
+		if n, ok := p.bestFit(i); ok {
+			p.place(i, n, p.cardsFor(i, n))
 		}
 	}
 }
 
-// fitOn returns the cards the task would take on the node, or false. For a
-// share the card with the least room that holds it; for whole cards the
-// lowest free ones.
-func (p *packer) fitOn(i, n int) (cards []int, roomLeft int, ok bool) {
+// fitOn reports whether the task fits the node now, and the room it leaves
+// there: on the card it would take for a share (tightestCard), in whole
+// cards for whole-card tasks.
+func (p *packer) fitOn(i, n int) (roomLeft int, ok bool) {
 	t, node := &p.tasks[i], &p.nodes[n]
 	if t.cpu > node.cpuFree || t.mem > node.memFree {
-		return nil, 0, false
+		return 0, false
 	}
-	if t.share > 0 {
-		best := -1
-		for c, free := range node.cards {
-			if free >= t.share && (best < 0 || free < node.cards[best]) {
-				best = c
-			}
+	switch {
+	case t.share > 0:
+		c := node.tightestCard(t.share)
+		if c < 0 {
+			return 0, false
 		}
-		if best < 0 {
-			return nil, 0, false
-		}
-		return []int{best}, node.cards[best] - t.share, true
-	}
-	if t.whole > 0 {
+		return node.cards[c] - t.share, true
+	case t.whole > 0:
 		free := node.wholeFree()
-		if free < t.whole {
-			return nil, 0, false
-		}
-		cards = make([]int, 0, t.whole)
-		for c, room := range node.cards {
-			if room == cardPercent && len(cards) < t.whole {
-				cards = append(cards, c)
-			}
-		}
-		return cards, (free - t.whole) * cardPercent, true
+		return (free - t.whole) * cardPercent, free >= t.whole
 	}
-	return nil, 0, true
+	return 0, true
+}
+
+// cardsFor returns the cards the task takes on a node it fits: the card
+// with the least room that holds a share, the lowest free ones for whole
+// cards.
+func (p *packer) cardsFor(i, n int) []int {
+	t, node := &p.tasks[i], &p.nodes[n]
+	if t.share > 0 {
+		return []int{node.tightestCard(t.share)}
+	}
+	cards := make([]int, 0, t.whole)
+	for c, room := range node.cards {
+		if room == cardPercent && len(cards) < t.whole {
+			cards = append(cards, c)
+		}
+	}
+	return cards
 }
 
 // bestFit finds the node where the task fits best: the
@@ -257,12 +287,12 @@ func (p *packer) fitOn(i, n int) (cards []int, roomLeft int, ok bool) {
 // the node's free CPU and free GPU are left, each a fraction of the node's
 // (a node whose CPU runs out before its GPU strands the GPU); ties go to
 // the first node.
-func (p *packer) bestFit(i int) (node int, cards []int, ok bool) {
+func (p *packer) bestFit(i int) (node int, ok bool) {
 	node = -1
 	var bestCost float64
 	t := &p.tasks[i]
 	for _, n := range t.eligible {
-		c, room, fits := p.fitOn(i, n)
+		room, fits := p.fitOn(i, n)
 		if !fits {
 			continue
 		}
@@ -272,10 +302,10 @@ func (p *packer) bestFit(i int) (node int, cards []int, ok bool) {
 		cpuLeft := float64(nd.cpuFree-t.cpu) / float64(nd.cpu)
 		cost := float64(room)/gpus + p.balance*math.Abs(cpuLeft-gpuLeft)
 		if node < 0 || cost < bestCost {
-			node, cards, bestCost = n, c, cost
+			node, bestCost = n, cost
 		}
 	}
-	return node, cards, node >= 0
+	return node, node >= 0
 }
 
 func (p *packer) place(i, n int, cards []int) {
