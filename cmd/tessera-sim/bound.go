@@ -45,7 +45,7 @@ func runBound(o options, out io.Writer) error {
 			return err
 		}
 		start := time.Now()
-		var bound, offline spread
+		var bound, offline overSeeds
 		balances := map[float64]int{}
 		for _, s := range seeds {
 			arrivals := sim.Arrivals(tasks, capacity, s)
@@ -71,13 +71,13 @@ func runBound(o options, out io.Writer) error {
 	return nil
 }
 
-// spread is the mean and range of a figure over seeds.
-type spread struct {
+// overSeeds is the mean and range of a figure over seeds.
+type overSeeds struct {
 	sum, lo, hi float64
 	n           int
 }
 
-func (s *spread) add(v float64) {
+func (s *overSeeds) add(v float64) {
 	if s.n == 0 || v < s.lo {
 		s.lo = v
 	}
@@ -89,7 +89,7 @@ func (s *spread) add(v float64) {
 }
 
 // String is the mean and the range as two table cells.
-func (s spread) String() string {
+func (s overSeeds) String() string {
 	return fmt.Sprintf("%.2f | %.2f–%.2f", s.sum/float64(max(s.n, 1)), s.lo, s.hi)
 }
 
