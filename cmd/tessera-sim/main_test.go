@@ -146,3 +146,34 @@ func TestParseSeeds(t *testing.T) {
 		}
 	}
 }
+
+// TestRunBound: --bound writes, per task list, the bound on unallocated GPU
+// and the offline packer's result over the seeds; no packing leaves less
+// unallocated than the bound.
+func TestRunBound(t *testing.T) {
+	traces, out := t.TempDir(), t.TempDir()
+	writeTrace(t, traces)
+	o := options{traces: traces, workloads: "tiny", seeds: "1-2", out: out}
+	var stdout bytes.Buffer
+	if err := runBound(o, &stdout); err != nil {
+		t.Fatal(err)
+	}
+	table, err := os.ReadFile(filepath.Join(out, boundTableFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row string
+	for _, line := range strings.Split(string(table), "\n") {
+		if strings.HasPrefix(line, "| tiny |") {
+			row = line
+		}
+	}
+	var bound, offline float64
+	if _, err := fmt.Sscanf(row, "| tiny | %f | %s | %f |", &bound, new(string), &offline); err != nil {
+		t.Fatalf("no row for the task list in:\n%s (%v)", table, err)
+	}
+	t.Logf("bound %.2f%%, offline packer %.2f%% unallocated", bound, offline)
+	if bound < 0 || offline > 100 || bound > offline+1e-9 {
+		t.Errorf("bound %.2f%% and offline packer %.2f%% unallocated: want 0 ≤ bound ≤ offline ≤ 100", bound, offline)
+	}
+}
