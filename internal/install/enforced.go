@@ -10,16 +10,21 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/manifests"
 	reservationv1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
+	resizev1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -33,26 +38,29 @@ const (
 	PolicyDRASlices             = "tessera-dra-slices"
 	PolicyCDIAnnotations        = "tessera-cdi-annotations"
 	PolicyHighPriority          = "tessera-high-priority"
+	PolicyResizeStatus          = "tessera-gpushareresize-status"
 	// PolicySchedulerName is the MutatingAdmissionPolicy that sets the
 	// profile of a labelled namespace on its GPU pods.
 	PolicySchedulerName = "tessera-scheduler-name"
 )
 
-// WaitServed waits until the API server serves the GPUReservation resource
-// the manifests define: a CRD is served a moment after it is created, and a
-// scheduler started before that would run without reservations.
+// WaitServed waits until the API server serves the resources of the CRDs
+// the manifests define (GPUReservation, GPUShareResize): a CRD is served a
+// moment after it is created, and a scheduler started before that would run
+// without them.
 func WaitServed(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return err
 	}
-	gv := reservationv1alpha1.Resource.GroupVersion().String()
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		served, err := disco.ServerResourcesForGroupVersion(gv)
-		return err == nil && slices.ContainsFunc(served.APIResources, func(r metav1.APIResource) bool { return r.Name == reservationv1alpha1.Resource.Resource }), nil
-	})
-	if err != nil {
-		return fmt.Errorf("%s is not served after %v", reservationv1alpha1.Resource, timeout)
+	for _, r := range []schema.GroupVersionResource{reservationv1alpha1.Resource, resizev1alpha1.Resource} {
+		err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+			served, err := disco.ServerResourcesForGroupVersion(r.GroupVersion().String())
+			return err == nil && slices.ContainsFunc(served.APIResources, func(a metav1.APIResource) bool { return a.Name == r.Resource }), nil
+		})
+		if err != nil {
+			return fmt.Errorf("%s is not served after %v", r, timeout)
+		}
 	}
 	return nil
 }
@@ -74,8 +82,10 @@ func DeniedBy(err error, policy string) bool {
 // server-side dry run (nothing is stored): an administrator forging an
 // assignment, creating a GPU pod bound to a node, hand-writing an inventory
 // or a slice of Tessera's driver, annotating a pod with a CDI device or the
-// high task priority in a namespace not labelled for it, and an agent
-// writing another node's Lease. names are the
+// high task priority in a namespace not labelled for it, an agent writing
+// another node's Lease, and an administrator writing a GPUShareResize's
+// status (on a resize the probe creates in Tessera's namespace and deletes
+// after). names are the
 // resource names the policies were rendered with.
 func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceNames, timeout time.Duration) error {
 	admin, err := kubernetes.NewForConfig(cfg)
@@ -110,6 +120,11 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 	highTask := pod("tessera-probe-high-task")
 	highTask.Annotations = map[string]string{gpuinfo.TaskPriorityAnnotation: string(gpuinfo.TaskPriorityHigh)}
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + "another-node", Namespace: manifests.Namespace}}
+	resizes, err := probeResize(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer resizes.Delete(context.WithoutCancel(ctx), probeResizeName, metav1.DeleteOptions{})
 	probes := []struct {
 		policy string
 		try    func(context.Context) error
@@ -142,6 +157,17 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 			_, err := admin.CoreV1().Pods(highTask.Namespace).Create(ctx, highTask, dryRun)
 			return err
 		}},
+		{PolicyResizeStatus, func(ctx context.Context) error {
+			r, err := resizes.Get(ctx, probeResizeName, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if err := unstructured.SetNestedField(r.Object, "probe-node", "status", "nodeName"); err != nil {
+				return err
+			}
+			_, err = resizes.UpdateStatus(ctx, r, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
 	}
 	for _, p := range probes {
 		var last error
@@ -154,4 +180,28 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 		}
 	}
 	return nil
+}
+
+// probeResizeName is the GPUShareResize WaitEnforced writes the status of.
+const probeResizeName = "tessera-probe-resize"
+
+// probeResize creates the probe's GPUShareResize in Tessera's namespace
+// (a status update needs an object) and returns the client of that
+// namespace's resizes.
+func probeResize(ctx context.Context, cfg *rest.Config) (dynamic.ResourceInterface, error) {
+	client, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	resizes := client.Resource(resizev1alpha1.Resource).Namespace(manifests.Namespace)
+	probe := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": resizev1alpha1.Resource.GroupVersion().String(),
+		"kind":       resizev1alpha1.Kind,
+		"metadata":   map[string]any{"name": probeResizeName},
+		"spec":       map[string]any{"podName": "tessera-probe", "container": "probe", "cores": int64(1)},
+	}}
+	if _, err := resizes.Create(ctx, probe, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("creating the GPUShareResize %s/%s the admission probe needs: %w", manifests.Namespace, probeResizeName, err)
+	}
+	return resizes, nil
 }

@@ -52,6 +52,9 @@ func TestBaseRenders(t *testing.T) {
 	want := []string{
 		"Namespace /tessera-system",
 		"CustomResourceDefinition /gpureservations.tessera.io",
+		"CustomResourceDefinition /gpushareresizes.tessera.io",
+		"ClusterRole /tessera-gpushareresize-edit",
+		"ClusterRole /tessera-gpushareresize-view",
 		"ServiceAccount tessera-system/tessera-scheduler",
 		"ServiceAccount tessera-system/tessera-node-agent",
 		"ServiceAccount tessera-system/tessera-metrics-reader",
@@ -84,7 +87,7 @@ func TestBaseRenders(t *testing.T) {
 		"MutatingAdmissionPolicy /" + PolicySchedulerName,
 		"MutatingAdmissionPolicyBinding /" + PolicySchedulerName,
 	}
-	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyAgentPodStatus, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority} {
+	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyAgentPodStatus, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority, PolicyResizeStatus} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
 	}
 	slices.Sort(got)

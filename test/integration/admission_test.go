@@ -468,21 +468,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.do()
-			switch tc.want {
-			case allowed:
-				if err != nil {
-					t.Errorf("refused: %v", err)
-				}
-			case deniedByRBAC:
-				if !apierrors.IsForbidden(err) || strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
-					t.Errorf("got %v, want RBAC's refusal", err)
-				}
-			default:
-				if !install.DeniedBy(err, tc.want) {
-					t.Errorf("got %v, want a refusal by %s", err, tc.want)
-				}
-			}
+			checkAnswer(t, tc.do(), tc.want)
 		})
 	}
 	if p, err := admin.CoreV1().Pods(e.ns).Get(e.tCtx, unbound.Name, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
@@ -541,6 +527,26 @@ func TestWorkloadsMeetPodSecurity(t *testing.T) {
 				t.Errorf("at %s: got %v, want only %s", tc.level, err, tc.wantViolations)
 			}
 		})
+	}
+}
+
+// checkAnswer checks a request's answer: allowed, refused by RBAC, or
+// refused by the named admission policy.
+func checkAnswer(t *testing.T, err error, want string) {
+	t.Helper()
+	switch want {
+	case allowed:
+		if err != nil {
+			t.Errorf("refused: %v", err)
+		}
+	case deniedByRBAC:
+		if !apierrors.IsForbidden(err) || strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+			t.Errorf("got %v, want RBAC's refusal", err)
+		}
+	default:
+		if !install.DeniedBy(err, want) {
+			t.Errorf("got %v, want a refusal by %s", err, want)
+		}
 	}
 }
 
