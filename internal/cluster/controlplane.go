@@ -157,7 +157,7 @@ func (cp *ControlPlane) install(fsys fs.FS) error {
 	if err := install.Apply(ctx, cp.Config, objs); err != nil {
 		return fmt.Errorf("installing the manifests: %w", err)
 	}
-	if err := install.WaitServed(ctx, cp.Config, time.Minute); err != nil {
+	if err := install.WaitServed(ctx, cp.Config, objs, time.Minute); err != nil {
 		return err
 	}
 	if fsys != nil {

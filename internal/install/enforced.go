@@ -23,7 +23,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/manifests"
-	reservationv1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
 	resizev1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
@@ -44,22 +43,32 @@ const (
 	PolicySchedulerName = "tessera-scheduler-name"
 )
 
-// WaitServed waits until the API server serves the resources of the CRDs
-// the manifests define (GPUReservation, GPUShareResize): a CRD is served a
-// moment after it is created, and a scheduler started before that would run
-// without them.
-func WaitServed(ctx context.Context, cfg *rest.Config, timeout time.Duration) error {
+// WaitServed waits until the API server serves the resources of the
+// CustomResourceDefinitions among objs (the manifests define GPUReservation
+// and GPUShareResize): a CRD is served a moment after it is created, and a
+// scheduler started before that would run without it.
+func WaitServed(ctx context.Context, cfg *rest.Config, objs []*unstructured.Unstructured, timeout time.Duration) error {
 	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return err
 	}
-	for _, r := range []schema.GroupVersionResource{reservationv1alpha1.Resource, resizev1alpha1.Resource} {
-		err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-			served, err := disco.ServerResourcesForGroupVersion(r.GroupVersion().String())
-			return err == nil && slices.ContainsFunc(served.APIResources, func(a metav1.APIResource) bool { return a.Name == r.Resource }), nil
-		})
-		if err != nil {
-			return fmt.Errorf("%s is not served after %v", r, timeout)
+	for _, o := range objs {
+		if o.GetKind() != "CustomResourceDefinition" {
+			continue
+		}
+		group, _, _ := unstructured.NestedString(o.Object, "spec", "group")
+		plural, _, _ := unstructured.NestedString(o.Object, "spec", "names", "plural")
+		versions, _, _ := unstructured.NestedSlice(o.Object, "spec", "versions")
+		for _, v := range versions {
+			version, _, _ := unstructured.NestedString(v.(map[string]any), "name")
+			gv := schema.GroupVersion{Group: group, Version: version}.String()
+			err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+				served, err := disco.ServerResourcesForGroupVersion(gv)
+				return err == nil && slices.ContainsFunc(served.APIResources, func(a metav1.APIResource) bool { return a.Name == plural }), nil
+			})
+			if err != nil {
+				return fmt.Errorf("%s of %s is not served after %v", plural, gv, timeout)
+			}
 		}
 	}
 	return nil
@@ -120,10 +129,11 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 	highTask := pod("tessera-probe-high-task")
 	highTask.Annotations = map[string]string{gpuinfo.TaskPriorityAnnotation: string(gpuinfo.TaskPriorityHigh)}
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: gpuinfo.AgentLeasePrefix + "another-node", Namespace: manifests.Namespace}}
-	resizes, err := probeResize(ctx, cfg)
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
+	resizes := dyn.Resource(resizev1alpha1.Resource).Namespace(manifests.Namespace)
 	defer resizes.Delete(context.WithoutCancel(ctx), probeResizeName, metav1.DeleteOptions{})
 	probes := []struct {
 		policy string
@@ -158,7 +168,7 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 			return err
 		}},
 		{PolicyResizeStatus, func(ctx context.Context) error {
-			r, err := resizes.Get(ctx, probeResizeName, metav1.GetOptions{})
+			r, err := probeResize(ctx, resizes)
 			if err != nil {
 				return err
 			}
@@ -185,23 +195,18 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 // probeResizeName is the GPUShareResize WaitEnforced writes the status of.
 const probeResizeName = "tessera-probe-resize"
 
-// probeResize creates the probe's GPUShareResize in Tessera's namespace
-// (a status update needs an object) and returns the client of that
-// namespace's resizes.
-func probeResize(ctx context.Context, cfg *rest.Config) (dynamic.ResourceInterface, error) {
-	client, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
+// probeResize returns the probe's GPUShareResize in Tessera's namespace (a
+// status update needs an object), creating it if need be: right after the
+// CRD is created it may not be served yet, and the caller tries again.
+func probeResize(ctx context.Context, resizes dynamic.ResourceInterface) (*unstructured.Unstructured, error) {
+	r, err := resizes.Get(ctx, probeResizeName, metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) {
+		return r, err
 	}
-	resizes := client.Resource(resizev1alpha1.Resource).Namespace(manifests.Namespace)
-	probe := &unstructured.Unstructured{Object: map[string]any{
+	return resizes.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": resizev1alpha1.Resource.GroupVersion().String(),
 		"kind":       resizev1alpha1.Kind,
 		"metadata":   map[string]any{"name": probeResizeName},
 		"spec":       map[string]any{"podName": "tessera-probe", "container": "probe", "cores": int64(1)},
-	}}
-	if _, err := resizes.Create(ctx, probe, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, fmt.Errorf("creating the GPUShareResize %s/%s the admission probe needs: %w", manifests.Namespace, probeResizeName, err)
-	}
-	return resizes, nil
+	}}, metav1.CreateOptions{})
 }
