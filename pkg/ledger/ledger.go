@@ -77,6 +77,10 @@ type pod struct {
 	assignment *gpuinfo.Assignment
 	assumed    bool
 	charge     []allocator.Usage // parallel to the node's cards when charged
+	// ahead, when set, is a share Resize recorded before the pod's
+	// annotation says it (assignment is ahead then), and seen the newest
+	// annotation.
+	ahead, seen *gpuinfo.Assignment
 }
 
 // New returns an empty ledger.
@@ -264,11 +268,13 @@ func addUsage(dst, src []allocator.Usage, sign int64) {
 // AddPod records a pod's cards on a node: a bound pod from its assignment
 // annotation, or an assumed one from Reserve. It replaces any earlier record
 // of the same pod.
+// A share Resize recorded ahead of the annotation stands until a says it.
 func (l *Ledger) AddPod(uid types.UID, nodeName string, order []gpuinfo.NamedContainer, a *gpuinfo.Assignment, assumed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	p := withAhead(&pod{node: nodeName, order: order, assignment: a, assumed: assumed}, l.pods[uid], a)
 	l.removePodLocked(uid)
-	l.addPodLocked(uid, &pod{node: nodeName, order: order, assignment: a, assumed: assumed})
+	l.addPodLocked(uid, p)
 }
 
 func (l *Ledger) addPodLocked(uid types.UID, p *pod) {

@@ -131,15 +131,8 @@ func (l *Ledger) ReservePlanned(uid types.UID, nodeName string, order []gpuinfo.
 	if n == nil || n.err != nil {
 		return false
 	}
-	used := n.used
-	if p := l.pods[uid]; p != nil && p.node == nodeName && len(p.charge) == len(n.cards) {
-		// Its own earlier record (a Reserve not undone) does not count against it.
-		used = make([]allocator.Usage, len(n.used))
-		for i := range used {
-			used[i] = allocator.Usage{MemoryMiB: n.used[i].MemoryMiB - p.charge[i].MemoryMiB, Cores: n.used[i].Cores - p.charge[i].Cores}
-		}
-	}
-	if !allocator.Holds(n.cards, used, deltas, allocator.Charge(n.cards, order, planned)) {
+	// Its own earlier record (a Reserve not undone) does not count against it.
+	if !allocator.Holds(n.cards, n.usedWithout(l.pods[uid], nodeName), deltas, allocator.Charge(n.cards, order, planned)) {
 		return false
 	}
 	l.removePodLocked(uid)
@@ -225,4 +218,17 @@ func (l *Ledger) CardsHealthy(nodeName string, a *gpuinfo.Assignment) error {
 		}
 	}
 	return nil
+}
+
+// usedWithout is the node's usage without p's charge when p is recorded on
+// it (nodeName), else its usage.
+func (n *node) usedWithout(p *pod, nodeName string) []allocator.Usage {
+	if p == nil || p.node != nodeName || len(p.charge) != len(n.cards) {
+		return n.used
+	}
+	used := make([]allocator.Usage, len(n.used))
+	for i := range used {
+		used[i] = allocator.Usage{MemoryMiB: n.used[i].MemoryMiB - p.charge[i].MemoryMiB, Cores: n.used[i].Cores - p.charge[i].Cores}
+	}
+	return used
 }
