@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
@@ -38,6 +39,7 @@ const (
 	PolicyCDIAnnotations        = "tessera-cdi-annotations"
 	PolicyHighPriority          = "tessera-high-priority"
 	PolicyResizeStatus          = "tessera-gpushareresize-status"
+	PolicySchedulerPodUpdates   = "tessera-scheduler-pod-updates"
 	// PolicySchedulerName is the MutatingAdmissionPolicy that sets the
 	// profile of a labelled namespace on its GPU pods.
 	PolicySchedulerName = "tessera-scheduler-name"
@@ -92,9 +94,9 @@ func DeniedBy(err error, policy string) bool {
 // assignment, creating a GPU pod bound to a node, hand-writing an inventory
 // or a slice of Tessera's driver, annotating a pod with a CDI device or the
 // high task priority in a namespace not labelled for it, an agent writing
-// another node's Lease, and an administrator writing a GPUShareResize's
-// status (on a resize the probe creates in Tessera's namespace and deletes
-// after). names are the
+// another node's Lease, an administrator writing a GPUShareResize's status
+// and the scheduler labelling a pod (on a resize and a pod the probe creates
+// in Tessera's namespace and deletes after). names are the
 // resource names the policies were rendered with.
 func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceNames, timeout time.Duration) error {
 	admin, err := kubernetes.NewForConfig(cfg)
@@ -135,6 +137,13 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 	}
 	resizes := dyn.Resource(resizev1alpha1.Resource).Namespace(manifests.Namespace)
 	defer resizes.Delete(context.WithoutCancel(ctx), probeResizeName, metav1.DeleteOptions{})
+	scheduler, err := kubernetes.NewForConfig(AsScheduler(cfg))
+	if err != nil {
+		return err
+	}
+	probePod := pod(probePodName)
+	probePod.Spec.SchedulerName = "tessera-probe" // no scheduler takes it
+	defer admin.CoreV1().Pods(manifests.Namespace).Delete(context.WithoutCancel(ctx), probePodName, metav1.DeleteOptions{})
 	probes := []struct {
 		policy string
 		try    func(context.Context) error
@@ -167,6 +176,14 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 			_, err := admin.CoreV1().Pods(highTask.Namespace).Create(ctx, highTask, dryRun)
 			return err
 		}},
+		{PolicySchedulerPodUpdates, func(ctx context.Context) error {
+			if _, err := admin.CoreV1().Pods(manifests.Namespace).Create(ctx, probePod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				return err
+			}
+			_, err := scheduler.CoreV1().Pods(manifests.Namespace).Patch(ctx, probePodName, types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"tessera-probe":"x"}}}`), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
 		{PolicyResizeStatus, func(ctx context.Context) error {
 			r, err := probeResize(ctx, resizes)
 			if err != nil {
@@ -192,8 +209,12 @@ func WaitEnforced(ctx context.Context, cfg *rest.Config, names gpuinfo.ResourceN
 	return nil
 }
 
-// probeResizeName is the GPUShareResize WaitEnforced writes the status of.
-const probeResizeName = "tessera-probe-resize"
+// The objects WaitEnforced creates to probe updates: a GPUShareResize and a
+// pod no scheduler takes.
+const (
+	probeResizeName = "tessera-probe-resize"
+	probePodName    = "tessera-probe-pod"
+)
 
 // probeResize returns the probe's GPUShareResize in Tessera's namespace (a
 // status update needs an object), creating it if need be: right after the

@@ -87,7 +87,7 @@ func TestBaseRenders(t *testing.T) {
 		"MutatingAdmissionPolicy /" + PolicySchedulerName,
 		"MutatingAdmissionPolicyBinding /" + PolicySchedulerName,
 	}
-	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyAgentPodStatus, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority, PolicyResizeStatus} {
+	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyAgentPodStatus, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority, PolicyResizeStatus, PolicySchedulerPodUpdates} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
 	}
 	slices.Sort(got)

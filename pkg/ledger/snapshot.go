@@ -26,23 +26,37 @@ func (l *Ledger) Snapshot() map[string][]CardUsage {
 	defer l.mu.RUnlock()
 	out := make(map[string][]CardUsage, len(l.nodes))
 	for name, n := range l.nodes {
-		if n.err != nil {
-			continue
+		if n.err == nil {
+			out[name] = l.cardsLocked(n)
 		}
-		cards := make([]CardUsage, len(n.cards))
-		for i, c := range n.cards {
-			cards[i] = CardUsage{Index: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG, Slice: c.Slice, Capacity: c.Capacity, Used: n.used[i]}
-		}
-		for uid := range n.pods {
-			for i, charge := range l.pods[uid].charge {
-				if i < len(cards) && charge != (allocator.Usage{}) {
-					cards[i].Pods++
-				}
-			}
-		}
-		out[name] = cards
 	}
 	return out
+}
+
+// NodeCards returns the usage of each card of the node, or nil when it has
+// no valid inventory.
+func (l *Ledger) NodeCards(name string) []CardUsage {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if n := l.nodes[name]; n != nil && n.err == nil {
+		return l.cardsLocked(n)
+	}
+	return nil
+}
+
+func (l *Ledger) cardsLocked(n *node) []CardUsage {
+	cards := make([]CardUsage, len(n.cards))
+	for i, c := range n.cards {
+		cards[i] = CardUsage{Index: c.Index, UUID: c.UUID, Model: c.Model, Healthy: c.Healthy, MIG: c.MIG, Slice: c.Slice, Capacity: c.Capacity, Used: n.used[i]}
+	}
+	for uid := range n.pods {
+		for i, charge := range l.pods[uid].charge {
+			if i < len(cards) && charge != (allocator.Usage{}) {
+				cards[i].Pods++
+			}
+		}
+	}
+	return cards
 }
 
 // Fragmentation sums, over every node with a valid inventory, its

@@ -250,6 +250,37 @@ func TestAdmissionPolicies(t *testing.T) {
 				Target:     v1.ObjectReference{Kind: "Node", Name: nodeA},
 			}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		}},
+		// The scheduler's pod updates (the resize controller).
+		{"the scheduler rewrites a bound pod's assignment", allowed, func() error {
+			a := assignment(t, fresh())
+			for name, cards := range a.Containers {
+				for i := range cards {
+					a.Containers[name][i].MemoryMiB = 512
+				}
+			}
+			raw, err := a.Encode()
+			if err != nil {
+				return err
+			}
+			_, err = scheduler.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.AssignmentAnnotation: raw}), dryPatch)
+			return err
+		}},
+		{"the scheduler labels a pod", install.PolicySchedulerPodUpdates, func() error {
+			_, err := scheduler.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "labels", map[string]any{"team": "x"}), dryPatch)
+			return err
+		}},
+		{"the scheduler annotates a pod", install.PolicySchedulerPodUpdates, func() error {
+			_, err := scheduler.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "annotations", map[string]any{"example.com/x": "y"}), dryPatch)
+			return err
+		}},
+		{"the scheduler removes a bound pod's assignment", install.PolicySchedulerPodUpdates, func() error {
+			_, err := scheduler.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, mergePatch(t, "annotations", map[string]any{gpuinfo.AssignmentAnnotation: nil}), dryPatch)
+			return err
+		}},
+		{"the scheduler changes a bound pod's spec", install.PolicySchedulerPodUpdates, func() error {
+			_, err := scheduler.CoreV1().Pods(e.ns).Patch(e.tCtx, "bound", types.MergePatchType, []byte(`{"spec":{"activeDeadlineSeconds":5}}`), dryPatch)
+			return err
+		}},
 		// High priority.
 		{"a namespace user creates a tessera-critical pod", install.PolicyHighPriority, func() error {
 			p := e.podSpec("critical", "tessera-binpack", map[string]int64{"tessera.io/gpu": 1})

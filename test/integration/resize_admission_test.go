@@ -17,7 +17,10 @@ import (
 )
 
 // dynamicAs is a dynamic client for cfg.
-func dynamicAs(t *testing.T, cfg *rest.Config) dynamic.Interface {
+func dynamicAs(t interface {
+	Helper()
+	Fatal(...any)
+}, cfg *rest.Config) dynamic.Interface {
 	t.Helper()
 	c, err := dynamic.NewForConfig(cfg)
 	if err != nil {

@@ -20,6 +20,9 @@ import (
 func (p *Plugin) EventsToRegister(_ context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
 		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete}, QueueingHintFn: p.isSchedulableAfterPodDeleted},
+		// A resize rewrites a placed pod's assignment: an update the
+		// framework has no narrower kind for.
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Update}, QueueingHintFn: p.isSchedulableAfterShareChanged},
 		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.UpdateNodeAnnotation | fwk.UpdateNodeAllocatable}, QueueingHintFn: p.isSchedulableAfterNodeChange},
 	}, nil
 }
@@ -52,6 +55,28 @@ func (p *Plugin) isSchedulableAfterPodDeleted(logger klog.Logger, pod *v1.Pod, o
 		return fwk.QueueSkip, nil
 	}
 	logger.V(5).Info("A pod holding GPUs went away", "pod", klog.KObj(pod), "deletedPod", klog.KObj(deleted))
+	return fwk.Queue, nil
+}
+
+// isSchedulableAfterShareChanged queues the pod when a resize changed the
+// share a placed pod holds (a shrink frees room) on a node where the pod's
+// GPUs may now fit, as isSchedulableAfterPodDeleted does for a deletion; it
+// applies the change to the ledger first. Any other update of a placed pod
+// (its status, most often) changes nothing GPUShare counts.
+func (p *Plugin) isSchedulableAfterShareChanged(logger klog.Logger, pod *v1.Pod, oldObj, newObj any) (fwk.QueueingHint, error) {
+	before, ok := oldObj.(*v1.Pod)
+	after, ok2 := newObj.(*v1.Pod)
+	if !ok || !ok2 {
+		return fwk.Queue, nil
+	}
+	if before.Annotations[gpuinfo.AssignmentAnnotation] == after.Annotations[gpuinfo.AssignmentAnnotation] {
+		return fwk.QueueSkip, nil
+	}
+	p.onPod(after)
+	if !p.mayFitAfterDeletion(pod, after.Spec.NodeName) {
+		return fwk.QueueSkip, nil
+	}
+	logger.V(5).Info("A placed pod's GPU share changed", "pod", klog.KObj(pod), "changedPod", klog.KObj(after))
 	return fwk.Queue, nil
 }
 

@@ -139,6 +139,9 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpu
 	}
 	feedsSeq++
 	f.seq, f.names = feedsSeq, names
+	if err := f.startResizes(ctx, h); err != nil {
+		return nil, fmt.Errorf("%s: starting the resize controller: %w", Name, err)
+	}
 	feeds[factory] = f
 	registerCollector()
 	// The scheduler stops with ctx: its feed leaves the metrics then.

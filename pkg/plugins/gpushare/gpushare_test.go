@@ -589,7 +589,7 @@ func TestQueueingHints(t *testing.T) {
 		})
 	}
 	events, err := h.plugin.EventsToRegister(h.ctx)
-	if err != nil || len(events) != 2 {
+	if err != nil || len(events) != 3 {
 		t.Errorf("EventsToRegister = %v, %v", events, err)
 	}
 }
@@ -631,6 +631,39 @@ func TestPodDeletionHintChecksTheNode(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, nil, node("single"), node("shared"), whole, big, small)
 			got, err := h.plugin.isSchedulableAfterPodDeleted(ktesting.Init(t).Logger(), tc.pending, tc.deleted, nil)
+			if err != nil || got != tc.want {
+				t.Errorf("hint = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestShareChangeHint: a resize that shrinks a placed pod's share queues a
+// pending pod only when the card then holds it (counted here from the
+// shares each case leaves on the 80 GiB card); an update that leaves the
+// assignment alone never does.
+func TestShareChangeHint(t *testing.T) {
+	node := st.MakeNode().Name("n").Annotation(gpuinfo.InventoryAnnotation, testutil.MustEncode(testutil.Inventory("n", "A100", 81920, 1))).Obj()
+	holding := func(mib, cores int64) *v1.Pod {
+		return boundPod("holder", "n", map[string][]gpuinfo.CardAssignment{"c": {{Index: 0, UUID: "GPU-n-0", MemoryMiB: mib, Cores: cores}}})
+	}
+	full := holding(81920, 90)
+	statusOnly := full.DeepCopy()
+	statusOnly.Status.Phase = v1.PodRunning
+	share := gpuPod("share", testutil.Share(10240, 10)).Obj()
+	tests := []struct {
+		name string
+		new  *v1.Pod
+		want fwk.QueueingHint
+	}{
+		{"shrunk to half the card", holding(40960, 50), fwk.Queue},
+		{"shrunk, 5 GiB left for a 10 GiB share", holding(76800, 50), fwk.QueueSkip},
+		{"status updated, share unchanged", statusOnly, fwk.QueueSkip},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil, node, full)
+			got, err := h.plugin.isSchedulableAfterShareChanged(ktesting.Init(t).Logger(), share, full, tc.new)
 			if err != nil || got != tc.want {
 				t.Errorf("hint = %v, %v; want %v", got, err, tc.want)
 			}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -132,14 +133,11 @@ func (f *feed) watchReservations(ctx context.Context, cfg *rest.Config) (cache.R
 	if cfg == nil {
 		return nil, nil
 	}
-	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
+	if ok, err := served(cfg, v1alpha1.Resource); err != nil || !ok {
+		if err == nil {
+			f.logger.Info("GPUReservation CRD not installed: no GPU capacity is reserved (install manifests/ and restart to use reservations)")
+		}
 		return nil, err
-	}
-	served, err := disco.ServerResourcesForGroupVersion(v1alpha1.Resource.GroupVersion().String())
-	if err != nil || !slices.ContainsFunc(served.APIResources, func(r metav1.APIResource) bool { return r.Name == v1alpha1.Resource.Resource }) {
-		f.logger.Info("GPUReservation CRD not installed: no GPU capacity is reserved (install manifests/ and restart to use reservations)")
-		return nil, nil
 	}
 	client, err := dynamic.NewForConfig(cfg)
 	if err != nil {
@@ -177,4 +175,15 @@ func (f *feed) reloadReservations(store cache.Store) {
 	slices.SortFunc(list, func(a, b *reservation) int { return strings.Compare(a.name, b.name) })
 	f.reservations.current.Store(&list)
 	f.activate(reservationsWaitKey)
+}
+
+// served reports whether the API server serves the resource (its CRD is
+// installed).
+func served(cfg *rest.Config, resource schema.GroupVersionResource) (bool, error) {
+	disco, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return false, err
+	}
+	list, err := disco.ServerResourcesForGroupVersion(resource.GroupVersion().String())
+	return err == nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Name == resource.Resource }), nil
 }

@@ -1,0 +1,256 @@
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/install"
+	resizev1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+	"github.com/tessera-gpu/tessera/pkg/resize"
+)
+
+// l4MiB is the memory of a simulated L4 card.
+const l4MiB = 23034
+
+// resizes drives GPUShareResizes in the test's namespace: it asks for them
+// as a tenant, plays the node agent's part (the LimitsWritten report), and
+// reads their outcome.
+type resizes struct {
+	e      *env
+	tenant dynamic.ResourceInterface
+	agent  dynamic.ResourceInterface
+}
+
+func (e *env) resizes(node string) *resizes {
+	return &resizes{
+		e:      e,
+		tenant: dynamicAs(e.tCtx, controlPlane.Config).Resource(resizev1alpha1.Resource).Namespace(e.ns),
+		agent:  dynamicAs(e.tCtx, install.AsAgent(controlPlane.Config, node)).Resource(resizev1alpha1.Resource).Namespace(e.ns),
+	}
+}
+
+// ask creates a resize of the pod's container main to memoryMiB.
+func (rs *resizes) ask(name, pod string, memoryMiB int64) {
+	rs.e.tCtx.Helper()
+	r := resizeObject(name, pod, map[string]any{"memory": fmt.Sprintf("%dMi", memoryMiB)})
+	if _, err := rs.tenant.Create(rs.e.tCtx, r, metav1.CreateOptions{}); err != nil {
+		rs.e.tCtx.Fatal(err)
+	}
+}
+
+// get reads a resize.
+func (rs *resizes) get(name string) *resizev1alpha1.GPUShareResize {
+	rs.e.tCtx.Helper()
+	u, err := rs.tenant.Get(rs.e.tCtx, name, metav1.GetOptions{})
+	if err != nil {
+		rs.e.tCtx.Fatal(err)
+	}
+	r := &resizev1alpha1.GPUShareResize{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, r); err != nil {
+		rs.e.tCtx.Fatal(err)
+	}
+	return r
+}
+
+// waitPending waits until the resize waits for the node agent, and returns
+// it.
+func (rs *resizes) waitPending(name string) *resizev1alpha1.GPUShareResize {
+	rs.e.tCtx.Helper()
+	var r *resizev1alpha1.GPUShareResize
+	rs.e.waitFor(30*time.Second, "resize "+name+" to wait for the node agent", func() (bool, error) {
+		r = rs.get(name)
+		c := meta.FindStatusCondition(r.Status.Conditions, resizev1alpha1.ConditionPending)
+		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == resize.ReasonWaitingForNodeAgent, nil
+	})
+	return r
+}
+
+// report writes the node agent's LimitsWritten condition, as the agent of
+// the pod's node.
+func (rs *resizes) report(name string, status metav1.ConditionStatus, reason, message string) {
+	rs.e.tCtx.Helper()
+	u, err := rs.tenant.Get(rs.e.tCtx, name, metav1.GetOptions{}) // the agent reads from its watch
+	if err != nil {
+		rs.e.tCtx.Fatal(err)
+	}
+	conditions, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	conditions = append(conditions, map[string]any{
+		"type": resizev1alpha1.ConditionLimitsWritten, "status": string(status), "reason": reason, "message": message,
+		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
+	})
+	if err := unstructured.SetNestedSlice(u.Object, conditions, "status", "conditions"); err != nil {
+		rs.e.tCtx.Fatal(err)
+	}
+	if _, err := rs.agent.UpdateStatus(rs.e.tCtx, u, metav1.UpdateOptions{}); err != nil {
+		rs.e.tCtx.Fatalf("the agent reports on resize %s: %v", name, err)
+	}
+}
+
+// outcome waits until the resize is applied or refused and returns which
+// ("Applied" or "Refused") with the condition's reason and message.
+func (rs *resizes) outcome(name string) (string, string, string) {
+	rs.e.tCtx.Helper()
+	var kind, reason, message string
+	rs.e.waitFor(30*time.Second, "resize "+name+" to be decided", func() (bool, error) {
+		r := rs.get(name)
+		for _, k := range []string{resizev1alpha1.ConditionApplied, resizev1alpha1.ConditionRefused} {
+			if c := meta.FindStatusCondition(r.Status.Conditions, k); c != nil && c.Status == metav1.ConditionTrue {
+				kind, reason, message = k, c.Reason, c.Message
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return kind, reason, message
+}
+
+// memoryOf is the memory the pod's container main holds on its first card,
+// as its assignment says.
+func (e *env) memoryOf(pod string) int64 {
+	e.tCtx.Helper()
+	p, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, pod, metav1.GetOptions{})
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	return e.assignment(p).Containers["main"][0].MemoryMiB
+}
+
+// assignment decodes a placed pod's assignment.
+func (e *env) assignment(p *v1.Pod) *gpuinfo.Assignment {
+	e.tCtx.Helper()
+	a, err := gpuinfo.DecodeAssignment(p.Annotations[gpuinfo.AssignmentAnnotation])
+	if err != nil {
+		e.tCtx.Fatalf("pod %s: %v", p.Name, err)
+	}
+	return a
+}
+
+// checkCardsHold checks the oracle: on every card, the memory the live
+// pods' assignments give is at most the card's.
+func (e *env) checkCardsHold(capacityMiB int64) {
+	e.tCtx.Helper()
+	pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	held := map[string]int64{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if _, ok := p.Annotations[gpuinfo.AssignmentAnnotation]; !ok || p.DeletionTimestamp != nil || p.Status.Phase == v1.PodFailed || p.Status.Phase == v1.PodSucceeded {
+			continue
+		}
+		for _, cards := range e.assignment(p).Containers {
+			for _, c := range cards {
+				held[c.UUID] += c.MemoryMiB
+			}
+		}
+	}
+	for uuid, mib := range held {
+		if mib > capacityMiB {
+			e.tCtx.Errorf("card %s: the pods' assignments give %d MiB of %d", uuid, mib, capacityMiB)
+		}
+	}
+}
+
+// TestResize runs GPUShareResizes through the scheduler's resize controller
+// on one L4 card (23034 MiB) held by a notebook (8192 MiB, 30% compute) and
+// a filler (12000 MiB), the test playing the node agent's report: a shrink
+// is recorded only once the agent reports the limits lowered, and the room
+// it frees goes to a pod waiting for it; growing back is refused while that
+// pod holds the room, and applied once the filler leaves, recorded before
+// the agent raises the limits; a share beyond the pod's request, a shrink
+// the agent refuses (the container uses more) and a missing pod are
+// refused. No card's assignments ever add up to more than it has.
+func TestResize(t *testing.T) {
+	e := newEnv(t)
+	node := e.node("a", cluster.L4, 1, nil)
+	e.startScheduler()
+	e.create(e.podSpec("notebook", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 8192, "tessera.io/gpu-cores": 30}))
+	e.create(e.podSpec("filler", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 12000, "tessera.io/gpu-cores": 30}))
+	e.waitBound(30*time.Second, "notebook", "filler")
+	// 2842 MiB free: the waiter's 4096 do not fit.
+	e.create(e.podSpec("waiter", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 4096, "tessera.io/gpu-cores": 10}))
+	e.waitUnschedulable("waiter")
+	rs := e.resizes(node)
+
+	// A shrink waits for the agent; the room is freed only then.
+	rs.ask("idle", "notebook", 4096)
+	pending := rs.waitPending("idle")
+	if got := e.memoryOf("notebook"); got != 8192 {
+		t.Errorf("before the agent's report the notebook holds %d MiB, want 8192", got)
+	}
+	if pending.Status.NodeName != node || len(pending.Status.To) != 1 || pending.Status.To[0].MemoryMiB != 4096 || pending.Status.From[0].MemoryMiB != 8192 {
+		t.Errorf("the shrink's status: node %q, from %+v, to %+v", pending.Status.NodeName, pending.Status.From, pending.Status.To)
+	}
+	rs.report("idle", metav1.ConditionTrue, "Written", "limits lowered")
+	if kind, reason, msg := rs.outcome("idle"); kind != resizev1alpha1.ConditionApplied {
+		t.Fatalf("shrink: %s (%s: %s), want Applied", kind, reason, msg)
+	}
+	if got := e.memoryOf("notebook"); got != 4096 {
+		t.Errorf("after the shrink the notebook holds %d MiB, want 4096", got)
+	}
+	e.waitBound(30*time.Second, "waiter")
+	e.checkCardsHold(l4MiB)
+
+	// Growing back: the waiter holds the room now.
+	rs.ask("restore", "notebook", 8192)
+	if kind, reason, msg := rs.outcome("restore"); kind != resizev1alpha1.ConditionRefused || reason != resize.ReasonNoRoom {
+		t.Errorf("grow into a full card: %s (%s: %s), want Refused (%s)", kind, reason, msg, resize.ReasonNoRoom)
+	}
+	rs.ask("beyond", "notebook", 9000)
+	if kind, reason, msg := rs.outcome("beyond"); kind != resizev1alpha1.ConditionRefused || reason != resize.ReasonBeyondRequest {
+		t.Errorf("grow beyond the request: %s (%s: %s), want Refused (%s)", kind, reason, msg, resize.ReasonBeyondRequest)
+	}
+	rs.ask("nobody", "no-such-pod", 1024)
+	if kind, reason, msg := rs.outcome("nobody"); kind != resizev1alpha1.ConditionRefused || reason != resize.ReasonPodNotFound {
+		t.Errorf("resize of a missing pod: %s (%s: %s), want Refused (%s)", kind, reason, msg, resize.ReasonPodNotFound)
+	}
+	if got := e.memoryOf("notebook"); got != 4096 {
+		t.Errorf("after refused grows the notebook holds %d MiB, want 4096", got)
+	}
+
+	// Once the filler leaves, the grow is recorded before the agent raises
+	// the limits.
+	// At once, as a kubelet confirms a pod's end.
+	if err := e.client.CoreV1().Pods(e.ns).Delete(e.tCtx, "filler", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(30*time.Second, "the filler to go", func() (bool, error) {
+		_, err := e.client.CoreV1().Pods(e.ns).Get(e.tCtx, "filler", metav1.GetOptions{})
+		return err != nil, nil
+	})
+	rs.ask("restore-again", "notebook", 8192)
+	rs.waitPending("restore-again")
+	if got := e.memoryOf("notebook"); got != 8192 {
+		t.Errorf("a committed grow: the notebook holds %d MiB, want 8192 before the agent's report", got)
+	}
+	rs.report("restore-again", metav1.ConditionTrue, "Written", "limits raised")
+	if kind, reason, msg := rs.outcome("restore-again"); kind != resizev1alpha1.ConditionApplied {
+		t.Errorf("grow: %s (%s: %s), want Applied", kind, reason, msg)
+	}
+	e.checkCardsHold(l4MiB)
+
+	// The agent finds the container using more than the shrink leaves.
+	rs.ask("too-small", "notebook", 1024)
+	rs.waitPending("too-small")
+	rs.report("too-small", metav1.ConditionFalse, "InUse", "the container uses 3000 MiB of card 0")
+	kind, reason, msg := rs.outcome("too-small")
+	if kind != resizev1alpha1.ConditionRefused || reason != "InUse" {
+		t.Errorf("a shrink below the use: %s (%s: %s), want Refused (InUse)", kind, reason, msg)
+	}
+	if got := e.memoryOf("notebook"); got != 8192 {
+		t.Errorf("after a refused shrink the notebook holds %d MiB, want 8192", got)
+	}
+	e.checkCardsHold(l4MiB)
+}
