@@ -315,6 +315,13 @@ const maxRefusals = 4096
 // cards each holds (over-use detection compares them with what they use).
 func (p *Plugin) Running() []Running { return p.live.running() }
 
+// Resized records that the container with runtime ID id now holds cards
+// (its resized shares, on the same cards), for admission and over-use
+// detection; false when it holds nothing.
+func (p *Plugin) Resized(id string, cards []gpuinfo.CardAssignment) bool {
+	return p.live.resize(enforce.ContainerKey(id), cards)
+}
+
 // ownerOf names ctr of pod.
 func ownerOf(pod *v1.Pod, ctr *api.Container) Owner {
 	return Owner{Namespace: pod.Namespace, Pod: pod.Name, PodUID: pod.UID, Container: ctr.GetName()}

@@ -300,3 +300,17 @@ func parseCores(v string) int64 {
 	}
 	return n
 }
+
+// resize sets the shares of the cards holding key holds (a resize: the same
+// cards, other shares), so that admission and over-use detection count the
+// new share. It reports whether key is held.
+func (s *shares) resize(key string, cards []gpuinfo.CardAssignment) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.holdings[key]
+	if h == nil {
+		return false
+	}
+	h.cards = cards
+	return true
+}

@@ -10,6 +10,7 @@ package overuse
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -174,6 +175,37 @@ func (d *Detector) Check(ctx context.Context) {
 			delete(d.reported, hc)
 		}
 	}
+}
+
+// Use returns what the processes of the container with runtime ID id use
+// on each card, in MiB by card UUID, from NVML's per-process view (what the
+// container cannot fake). A card whose processes NVML could not list is an
+// error: the use there is unknown.
+func (d *Detector) Use(id string) (map[string]int64, error) {
+	stats, err := d.Stats.Read()
+	if err != nil {
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, r := range d.Running() {
+		known[r.ID] = true
+	}
+	use := map[string]int64{}
+	for _, st := range stats {
+		if !st.ProcessesKnown {
+			return nil, fmt.Errorf("the processes on card %d are unknown", st.Index)
+		}
+		for _, proc := range st.Processes {
+			owner := proc.ContainerID
+			if owner == "" && proc.PID != 0 {
+				owner = discovery.ContainerOfProcess(d.ProcRoot, proc.PID, func(c string) bool { return known[c] })
+			}
+			if owner == id {
+				use[st.UUID] += proc.MemoryUsedMiB
+			}
+		}
+	}
+	return use, nil
 }
 
 // holding is the key of what the container holds on the card with uuid,

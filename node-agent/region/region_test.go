@@ -12,62 +12,28 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
+	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/node-agent/region"
 )
 
-// The region as HAMi-core 8f3a89c lays it out, written here from the
-// offsets its header gives on x86_64 (docs/node-agent.md), not from the
-// package's constants: the initialisation flag at 0, the version at 4 and 8,
-// limit[16] (bytes) at 1600, sm_limit[16] (percent) at 1728, 1,024 process
-// slots of 1,960 bytes from 1856 (pid at +0, used[d].total at +40+64d,
-// seqlock at +1936), proc_num at 2,008,896; 2,008,952 bytes, and the
-// library writes one byte more.
+// The library's layout as testutil writes it, from the header's offsets.
 const (
-	libSize       = 2008952
-	libLimit      = 1600
-	libSMLimit    = 1728
-	libSlots      = 1856
-	libSlotSize   = 1960
-	libProcNum    = 2008896
-	libMagic      = 19920718
-	libSlotUsed   = 40
-	libUsedStride = 64
-	libSeqlock    = 1936
+	libSize    = testutil.RegionSize
+	libLimit   = testutil.RegionMemoryLimit
+	libSMLimit = testutil.RegionSMLimit
+	libSlots   = testutil.RegionSlots
+	libProcNum = testutil.RegionProcNum
+	libSeqlock = testutil.RegionSeqlock
 )
 
-// process is a process slot: its pid and memory use per card.
-type process struct {
-	pid  uint32
-	used map[int]uint64
-}
+type process = testutil.RegionProcess
 
-// libraryRegion writes a region initialised by the library at version
-// major.minor with the given limits per card and process slots, and returns
-// its path.
+// libraryRegion writes a region initialised by the library and returns its
+// path.
 func libraryRegion(t *testing.T, major, minor uint32, mem, sm []uint64, procs []process) string {
 	t.Helper()
-	b := make([]byte, libSize+1)
-	le := binary.LittleEndian
-	le.PutUint32(b[0:], libMagic)
-	le.PutUint32(b[4:], major)
-	le.PutUint32(b[8:], minor)
-	for i, v := range mem {
-		le.PutUint64(b[libLimit+8*i:], v)
-	}
-	for i, v := range sm {
-		le.PutUint64(b[libSMLimit+8*i:], v)
-	}
-	for s, p := range procs {
-		slot := libSlots + s*libSlotSize
-		le.PutUint32(b[slot:], p.pid)
-		for d, u := range p.used {
-			le.PutUint64(b[slot+libSlotUsed+libUsedStride*d:], u)
-		}
-		le.PutUint64(b[slot+libSeqlock:], 4)
-	}
-	le.PutUint32(b[libProcNum:], uint32(len(procs)))
 	path := filepath.Join(t.TempDir(), "ctr.cache")
-	if err := os.WriteFile(path, b, 0o666); err != nil {
+	if err := testutil.WriteRegion(path, major, minor, mem, sm, procs); err != nil {
 		t.Fatal(err)
 	}
 	return path
@@ -117,9 +83,9 @@ func TestSetLimitsWritesTheLibrarysFields(t *testing.T) {
 
 func TestUsedSumsLiveProcesses(t *testing.T) {
 	procs := []process{
-		{pid: 41, used: map[int]uint64{0: 3 * gib, 1: gib}},
-		{pid: 0, used: map[int]uint64{0: 5 * gib}}, // exited, slot not yet reclaimed
-		{pid: 42, used: map[int]uint64{0: gib, 15: 2 * gib}},
+		{PID: 41, Used: map[int]uint64{0: 3 * gib, 1: gib}},
+		{PID: 0, Used: map[int]uint64{0: 5 * gib}}, // exited, slot not yet reclaimed
+		{PID: 42, Used: map[int]uint64{0: gib, 15: 2 * gib}},
 	}
 	r := open(t, libraryRegion(t, 1, 2, nil, nil, procs))
 	used, err := r.Used()
@@ -193,7 +159,7 @@ func TestHostileRegions(t *testing.T) {
 		}
 	})
 	t.Run("a slot written without end", func(t *testing.T) {
-		path := libraryRegion(t, 1, 2, nil, nil, []process{{pid: 7, used: map[int]uint64{0: gib}}})
+		path := libraryRegion(t, 1, 2, nil, nil, []process{{PID: 7, Used: map[int]uint64{0: gib}}})
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err != nil {
 			t.Fatal(err)

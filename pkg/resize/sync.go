@@ -39,7 +39,7 @@ const (
 	ReasonUnchanged            = "Unchanged"
 	ReasonApplied              = "Applied"
 	ReasonCommitting           = "Committing"
-	ReasonWaitingForNodeAgent  = "WaitingForNodeAgent"
+	ReasonWaitingForNodeAgent  = v1alpha1.ReasonWaitingForNodeAgent
 	ReasonWaitingForPreemption = "WaitingForPreemption"
 )
 
@@ -68,7 +68,7 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		c.logger.Error(err, "GPUShareResize cannot be read; it is left alone", "resize", key)
 		return 0, nil
 	}
-	if decided(r) {
+	if r.Decided() {
 		return 0, nil
 	}
 	logger := klog.LoggerWithValues(c.logger, "resize", klog.KObj(r), "pod", klog.KRef(r.Namespace, r.Spec.PodName))
@@ -89,12 +89,6 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		return c.takeUp(ctx, r, pod)
 	}
 	return c.follow(ctx, r, pod)
-}
-
-// decided reports whether the resize was applied or refused.
-func decided(r *v1alpha1.GPUShareResize) bool {
-	return meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ConditionApplied) ||
-		meta.IsStatusConditionTrue(r.Status.Conditions, v1alpha1.ConditionRefused)
 }
 
 // takeUp checks a new resize and records in its status the node and the
@@ -146,7 +140,7 @@ func (c *Controller) takeUp(ctx context.Context, r *v1alpha1.GPUShareResize, pod
 				r.Spec.Container, limit, asked.Cores, e.Index)
 		}
 	}
-	grow, shrink := compare(from, to)
+	grow, shrink := v1alpha1.Compare(from, to)
 	switch {
 	case !grow && !shrink:
 		return c.apply(ctx, r, pod, ReasonUnchanged, "container %q already holds this share", r.Spec.Container)
@@ -170,7 +164,7 @@ func (c *Controller) follow(ctx context.Context, r *v1alpha1.GPUShareResize, pod
 	if err != nil {
 		return c.refuse(ctx, r, pod, ReasonNoShare, "%v", err)
 	}
-	grow, _ := compare(r.Status.From, r.Status.To)
+	grow, _ := v1alpha1.Compare(r.Status.From, r.Status.To)
 	committed := slices.Equal(shares(entries), r.Status.To)
 	pending := meta.FindStatusCondition(r.Status.Conditions, v1alpha1.ConditionPending)
 	if grow && pending != nil && pending.Reason != ReasonWaitingForNodeAgent {
@@ -287,7 +281,7 @@ func (c *Controller) inProgress(r *v1alpha1.GPUShareResize) string {
 		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, other) != nil {
 			continue
 		}
-		if other.Spec.PodName == r.Spec.PodName && other.Spec.Container == r.Spec.Container && other.Status.NodeName != "" && !decided(other) {
+		if other.Spec.PodName == r.Spec.PodName && other.Spec.Container == r.Spec.Container && other.Status.NodeName != "" && !other.Decided() {
 			return other.Name
 		}
 	}
@@ -303,19 +297,6 @@ func shares(entries []gpuinfo.CardAssignment) []v1alpha1.CardShare {
 	return out
 }
 
-// compare reports whether to asks more (grow) or less (shrink) than from
-// of some card's memory or compute.
-func compare(from, to []v1alpha1.CardShare) (grow, shrink bool) {
-	for i := range from {
-		if i >= len(to) {
-			break
-		}
-		grow = grow || to[i].MemoryMiB > from[i].MemoryMiB || to[i].Cores > from[i].Cores
-		shrink = shrink || to[i].MemoryMiB < from[i].MemoryMiB || to[i].Cores < from[i].Cores
-	}
-	return grow, shrink
-}
-
 // withShares is a copy of a with the container's shares set to to, card by
 // card.
 func withShares(a *gpuinfo.Assignment, container string, to []v1alpha1.CardShare) *gpuinfo.Assignment {
@@ -324,10 +305,8 @@ func withShares(a *gpuinfo.Assignment, container string, to []v1alpha1.CardShare
 		out.Containers[name] = slices.Clone(entries)
 	}
 	for i, e := range out.Containers[container] {
-		for _, s := range to {
-			if s.Index == e.Index {
-				out.Containers[container][i].MemoryMiB, out.Containers[container][i].Cores = s.MemoryMiB, s.Cores
-			}
+		if s, ok := v1alpha1.ShareOf(to, e.Index); ok {
+			out.Containers[container][i].MemoryMiB, out.Containers[container][i].Cores = s.MemoryMiB, s.Cores
 		}
 	}
 	return out

@@ -2,19 +2,27 @@ package integration
 
 import (
 	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/internal/install"
+	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/node-agent/enforce"
+	"github.com/tessera-gpu/tessera/node-agent/nri"
+	noderesize "github.com/tessera-gpu/tessera/node-agent/resize"
 	resizev1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 	"github.com/tessera-gpu/tessera/pkg/resize"
@@ -24,20 +32,74 @@ import (
 const l4MiB = 23034
 
 // resizes drives GPUShareResizes in the test's namespace: it asks for them
-// as a tenant, plays the node agent's part (the LimitsWritten report), and
-// reads their outcome.
+// as a tenant and reads their outcome.
 type resizes struct {
 	e      *env
 	tenant dynamic.ResourceInterface
-	agent  dynamic.ResourceInterface
 }
 
-func (e *env) resizes(node string) *resizes {
-	return &resizes{
-		e:      e,
-		tenant: dynamicAs(e.tCtx, controlPlane.Config).Resource(resizev1alpha1.Resource).Namespace(e.ns),
-		agent:  dynamicAs(e.tCtx, install.AsAgent(controlPlane.Config, node)).Resource(resizev1alpha1.Resource).Namespace(e.ns),
+func (e *env) resizes() *resizes {
+	return &resizes{e: e, tenant: dynamicAs(e.tCtx, controlPlane.Config).Resource(resizev1alpha1.Resource).Namespace(e.ns)}
+}
+
+// runtimeView plays the container runtime's side of a node for the node
+// agent's resize applier: the containers running with their shares (NRI's
+// view) and what their processes use (NVML's). A measurement waits while
+// gate is set, until it is closed.
+type runtimeView struct {
+	mu      sync.Mutex
+	running []nri.Running
+	usedMiB map[string]int64 // by card UUID
+	gate    chan struct{}
+}
+
+func (v *runtimeView) Running() []nri.Running {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.running)
+}
+
+func (v *runtimeView) Resized(id string, cards []gpuinfo.CardAssignment) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for i := range v.running {
+		if v.running[i].ID == id {
+			v.running[i].Holdings = []enforce.Holding{{Key: enforce.ContainerKey(id), Cards: cards}}
+			return true
+		}
 	}
+	return false
+}
+
+func (v *runtimeView) Use(string) (map[string]int64, error) {
+	v.mu.Lock()
+	gate, used := v.gate, maps.Clone(v.usedMiB)
+	v.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return used, nil
+}
+
+func (v *runtimeView) set(used int64, gate chan struct{}) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, h := range v.running[0].Holdings {
+		for _, c := range h.Cards {
+			v.usedMiB[c.UUID] = used
+		}
+	}
+	v.gate = gate
+}
+
+// limitMiB is the memory limit of card 0 in the region at path, in MiB.
+func (e *env) limitMiB(path string) uint64 {
+	e.tCtx.Helper()
+	mem, _, err := testutil.RegionLimits(path, 0)
+	if err != nil {
+		e.tCtx.Fatal(err)
+	}
+	return mem >> 20
 }
 
 // ask creates a resize of the pod's container main to memoryMiB.
@@ -74,27 +136,6 @@ func (rs *resizes) waitPending(name string) *resizev1alpha1.GPUShareResize {
 		return c != nil && c.Status == metav1.ConditionTrue && c.Reason == resize.ReasonWaitingForNodeAgent, nil
 	})
 	return r
-}
-
-// report writes the node agent's LimitsWritten condition, as the agent of
-// the pod's node.
-func (rs *resizes) report(name string, status metav1.ConditionStatus, reason, message string) {
-	rs.e.tCtx.Helper()
-	u, err := rs.tenant.Get(rs.e.tCtx, name, metav1.GetOptions{}) // the agent reads from its watch
-	if err != nil {
-		rs.e.tCtx.Fatal(err)
-	}
-	conditions, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	conditions = append(conditions, map[string]any{
-		"type": resizev1alpha1.ConditionLimitsWritten, "status": string(status), "reason": reason, "message": message,
-		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339),
-	})
-	if err := unstructured.SetNestedSlice(u.Object, conditions, "status", "conditions"); err != nil {
-		rs.e.tCtx.Fatal(err)
-	}
-	if _, err := rs.agent.UpdateStatus(rs.e.tCtx, u, metav1.UpdateOptions{}); err != nil {
-		rs.e.tCtx.Fatalf("the agent reports on resize %s: %v", name, err)
-	}
 }
 
 // outcome waits until the resize is applied or refused and returns which
@@ -164,36 +205,58 @@ func (e *env) checkCardsHold(capacityMiB int64) {
 }
 
 // TestResize runs GPUShareResizes through the scheduler's resize controller
-// on one L4 card (23034 MiB) held by a notebook (8192 MiB, 30% compute) and
-// a filler (12000 MiB), the test playing the node agent's report: a shrink
-// is recorded only once the agent reports the limits lowered, and the room
-// it frees goes to a pod waiting for it; growing back is refused while that
-// pod holds the room, and applied once the filler leaves, recorded before
-// the agent raises the limits; a share beyond the pod's request, a shrink
-// the agent refuses (the container uses more) and a missing pod are
-// refused. No card's assignments ever add up to more than it has.
+// and the node agent's applier on one L4 card (23034 MiB) held by a notebook
+// (8192 MiB, 30% compute) and a filler (12000 MiB); the test plays the
+// container runtime (the notebook's container and its shared region, in the
+// layout of the pinned HAMi-core) and NVML (what it uses). A shrink lowers
+// the region's limit, is recorded only once the agent has measured the use,
+// and the room it frees goes to a pod waiting for it; growing back is refused
+// while that pod holds the room, and applied once the filler leaves; a share
+// beyond the pod's request, a shrink below what the container uses (its
+// limit put back) and a missing pod are refused. No card's assignments ever
+// add up to more than it has.
 func TestResize(t *testing.T) {
 	e := newEnv(t)
 	node := e.node("a", cluster.L4, 1, nil)
 	e.startScheduler()
 	e.create(e.podSpec("notebook", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 8192, "tessera.io/gpu-cores": 30}))
 	e.create(e.podSpec("filler", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 12000, "tessera.io/gpu-cores": 30}))
-	e.waitBound(30*time.Second, "notebook", "filler")
+	notebook := e.waitBound(30*time.Second, "notebook", "filler")["notebook"]
 	// 2842 MiB free: the waiter's 4096 do not fit.
 	e.create(e.podSpec("waiter", "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 4096, "tessera.io/gpu-cores": 10}))
 	e.waitUnschedulable("waiter")
-	rs := e.resizes(node)
 
-	// A shrink waits for the agent; the room is freed only then.
+	// The notebook's container runs on the node with its region.
+	const id = "ctr-notebook"
+	regions := t.TempDir()
+	regionPath := filepath.Join(regions, enforce.RegionName(id))
+	if err := testutil.WriteRegion(regionPath, 1, 2, []uint64{8192 << 20}, []uint64{30}, nil); err != nil {
+		t.Fatal(err)
+	}
+	view := &runtimeView{usedMiB: map[string]int64{}, running: []nri.Running{{
+		ID:       id,
+		Owner:    nri.Owner{Namespace: e.ns, Pod: "notebook", PodUID: notebook.UID, Container: "main"},
+		Holdings: []enforce.Holding{{Key: enforce.ContainerKey(id), Cards: e.assignment(notebook).Containers["main"]}},
+	}}}
+	applier := &noderesize.Applier{Node: node, Client: dynamicAs(e.tCtx, install.AsAgent(controlPlane.Config, node)),
+		RegionDir: regions, Running: view.Running, Resized: view.Resized, Use: view.Use}
+	go applier.Run(e.tCtx)
+	rs := e.resizes()
+
+	// A shrink: the limit is lowered first, the share recorded after the
+	// use is measured.
+	measured := make(chan struct{})
+	view.set(2000, measured)
 	rs.ask("idle", "notebook", 4096)
 	pending := rs.waitPending("idle")
-	if got := e.memoryOf("notebook"); got != 8192 {
-		t.Errorf("before the agent's report the notebook holds %d MiB, want 8192", got)
-	}
 	if pending.Status.NodeName != node || len(pending.Status.To) != 1 || pending.Status.To[0].MemoryMiB != 4096 || pending.Status.From[0].MemoryMiB != 8192 {
 		t.Errorf("the shrink's status: node %q, from %+v, to %+v", pending.Status.NodeName, pending.Status.From, pending.Status.To)
 	}
-	rs.report("idle", metav1.ConditionTrue, "Written", "limits lowered")
+	e.waitFor(30*time.Second, "the region's limit to be lowered", func() (bool, error) { return e.limitMiB(regionPath) == 4096, nil })
+	if got := e.memoryOf("notebook"); got != 8192 {
+		t.Errorf("before the use is measured the notebook holds %d MiB, want 8192", got)
+	}
+	close(measured)
 	if kind, reason, msg := rs.outcome("idle"); kind != resizev1alpha1.ConditionApplied {
 		t.Fatalf("shrink: %s (%s: %s), want Applied", kind, reason, msg)
 	}
@@ -216,12 +279,11 @@ func TestResize(t *testing.T) {
 	if kind, reason, msg := rs.outcome("nobody"); kind != resizev1alpha1.ConditionRefused || reason != resize.ReasonPodNotFound {
 		t.Errorf("resize of a missing pod: %s (%s: %s), want Refused (%s)", kind, reason, msg, resize.ReasonPodNotFound)
 	}
-	if got := e.memoryOf("notebook"); got != 4096 {
-		t.Errorf("after refused grows the notebook holds %d MiB, want 4096", got)
+	if got, limit := e.memoryOf("notebook"), e.limitMiB(regionPath); got != 4096 || limit != 4096 {
+		t.Errorf("after refused grows the notebook holds %d MiB and its limit is %d MiB, want 4096 and 4096", got, limit)
 	}
 
-	// Once the filler leaves, the grow is recorded before the agent raises
-	// the limits.
+	// Once the filler leaves, the grow is applied.
 	// At once, as a kubelet confirms a pod's end.
 	if err := e.client.CoreV1().Pods(e.ns).Delete(e.tCtx, "filler", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
@@ -231,26 +293,26 @@ func TestResize(t *testing.T) {
 		return err != nil, nil
 	})
 	rs.ask("restore-again", "notebook", 8192)
-	rs.waitPending("restore-again")
-	if got := e.memoryOf("notebook"); got != 8192 {
-		t.Errorf("a committed grow: the notebook holds %d MiB, want 8192 before the agent's report", got)
-	}
-	rs.report("restore-again", metav1.ConditionTrue, "Written", "limits raised")
 	if kind, reason, msg := rs.outcome("restore-again"); kind != resizev1alpha1.ConditionApplied {
 		t.Errorf("grow: %s (%s: %s), want Applied", kind, reason, msg)
 	}
+	if got, limit := e.memoryOf("notebook"), e.limitMiB(regionPath); got != 8192 || limit != 8192 {
+		t.Errorf("after the grow the notebook holds %d MiB and its limit is %d MiB, want 8192 and 8192", got, limit)
+	}
 	e.checkCardsHold(l4MiB)
 
-	// The agent finds the container using more than the shrink leaves.
+	// The container uses more than the shrink would leave.
+	view.set(3000, nil)
 	rs.ask("too-small", "notebook", 1024)
-	rs.waitPending("too-small")
-	rs.report("too-small", metav1.ConditionFalse, "InUse", "the container uses 3000 MiB of card 0")
 	kind, reason, msg := rs.outcome("too-small")
-	if kind != resizev1alpha1.ConditionRefused || reason != "InUse" {
-		t.Errorf("a shrink below the use: %s (%s: %s), want Refused (InUse)", kind, reason, msg)
+	if kind != resizev1alpha1.ConditionRefused || reason != noderesize.ReasonInUse || !strings.Contains(msg, "3000 MiB of card 0") {
+		t.Errorf("a shrink below the use: %s (%s: %s), want Refused (%s) naming the use", kind, reason, msg, noderesize.ReasonInUse)
 	}
-	if got := e.memoryOf("notebook"); got != 8192 {
-		t.Errorf("after a refused shrink the notebook holds %d MiB, want 8192", got)
+	if got, limit := e.memoryOf("notebook"), e.limitMiB(regionPath); got != 8192 || limit != 8192 {
+		t.Errorf("after a refused shrink the notebook holds %d MiB and its limit is %d MiB, want 8192 and 8192", got, limit)
+	}
+	if held := view.Running()[0].Holdings[0].Cards[0].MemoryMiB; held != 8192 {
+		t.Errorf("the agent's view of the notebook's share: %d MiB, want 8192", held)
 	}
 	e.checkCardsHold(l4MiB)
 }

@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -39,6 +40,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	"github.com/tessera-gpu/tessera/node-agent/overuse"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
+	"github.com/tessera-gpu/tessera/node-agent/resize"
 	"github.com/tessera-gpu/tessera/node-agent/serving"
 	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -323,10 +325,20 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			}
 		}()
 	}
-	if enforcer != nil && stats != nil && svc.overUseInterval > 0 {
+	if enforcer != nil && stats != nil {
 		detector := &overuse.Detector{Stats: stats, Running: enforcer.Running, ProcRoot: "/proc", Stop: svc.stopOverUse,
 			Report: func(e overuse.Exceeded) { go reportExceeded(ctx, a.Publisher, e) }}
-		go detector.Run(ctx, svc.overUseInterval)
+		if svc.overUseInterval > 0 {
+			go detector.Run(ctx, svc.overUseInterval)
+		}
+		// Resizes of the shares of this node's containers (docs/resize.md).
+		dyn, err := dynamic.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		applier := &resize.Applier{Node: nodeName, Client: dyn, RegionDir: enforcer.Enforce.Paths.HostCacheDir,
+			Running: enforcer.Running, Resized: enforcer.Resized, Use: detector.Use}
+		go applier.Run(ctx)
 	}
 	if collector != nil {
 		// Served once the agent is wired: the probes read it.

@@ -6,6 +6,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -84,3 +85,41 @@ const (
 	// (for a shrink, after checking the container uses less).
 	ConditionLimitsWritten = "LimitsWritten"
 )
+
+// ReasonWaitingForNodeAgent is the Pending condition's reason while the
+// resize waits for the node agent of status.nodeName to write the To limits
+// and report LimitsWritten: the agent acts on a resize only then.
+const ReasonWaitingForNodeAgent = "WaitingForNodeAgent"
+
+// Decided reports whether the resize was applied or refused.
+func (r *GPUShareResize) Decided() bool {
+	return meta.IsStatusConditionTrue(r.Status.Conditions, ConditionApplied) ||
+		meta.IsStatusConditionTrue(r.Status.Conditions, ConditionRefused)
+}
+
+// WaitsForNodeAgent reports whether the resize waits for the node agent's
+// report.
+func (r *GPUShareResize) WaitsForNodeAgent() bool {
+	c := meta.FindStatusCondition(r.Status.Conditions, ConditionPending)
+	return c != nil && c.Status == metav1.ConditionTrue && c.Reason == ReasonWaitingForNodeAgent
+}
+
+// Compare reports whether to asks more (grow) or less (shrink) than from of
+// some card's memory or compute, card by card.
+func Compare(from, to []CardShare) (grow, shrink bool) {
+	for i := range min(len(from), len(to)) {
+		grow = grow || to[i].MemoryMiB > from[i].MemoryMiB || to[i].Cores > from[i].Cores
+		shrink = shrink || to[i].MemoryMiB < from[i].MemoryMiB || to[i].Cores < from[i].Cores
+	}
+	return grow, shrink
+}
+
+// ShareOf returns the share for the card with index in shares.
+func ShareOf(shares []CardShare, index int) (CardShare, bool) {
+	for _, s := range shares {
+		if s.Index == index {
+			return s, true
+		}
+	}
+	return CardShare{}, false
+}
