@@ -79,3 +79,30 @@ func TestAdmitMIGSlices(t *testing.T) {
 		t.Error("a second container admitted to the slice a running one holds whole")
 	}
 }
+
+// TestResizedShareIsCounted: once a running container's share is resized,
+// admission counts the new share: a grown one leaves no room for a share
+// the old one left room for, a shrunk one makes room.
+func TestResizedShareIsCounted(t *testing.T) {
+	cards := []discovery.Card{{Index: 0, UUID: "GPU-0", MemoryMiB: 16384}}
+	share := func(id string, mib int64) []enforce.Holding {
+		return []enforce.Holding{{Key: enforce.ContainerKey(id), Cards: []gpuinfo.CardAssignment{{Index: 0, UUID: "GPU-0", MemoryMiB: mib, Cores: 10}}}}
+	}
+	var s shares
+	if err := s.admit("notebook", Owner{}, share("notebook", 8192), cards); err != nil {
+		t.Fatal(err)
+	}
+	if !s.resize(enforce.ContainerKey("notebook"), share("notebook", 12288)[0].Cards) {
+		t.Fatal("the running container's holding was not found")
+	}
+	if err := s.admit("other", Owner{}, share("other", 6144), cards); err == nil {
+		t.Error("a share that fits only beside the old share was admitted beside the grown one")
+	}
+	s.resize(enforce.ContainerKey("notebook"), share("notebook", 4096)[0].Cards)
+	if err := s.admit("other", Owner{}, share("other", 12288), cards); err != nil {
+		t.Errorf("a share that fits beside the shrunk one was refused: %v", err)
+	}
+	if s.resize(enforce.ContainerKey("gone"), nil) {
+		t.Error("a container that holds nothing was resized")
+	}
+}

@@ -182,8 +182,10 @@ func (d *Detector) Check(ctx context.Context) {
 // container cannot fake). A card whose processes NVML could not list is an
 // error: the use there is unknown.
 func (d *Detector) Use(id string) (map[string]int64, error) {
+	// An error may be about other readings (utilisation, temperature):
+	// what counts is whether each card's processes were listed.
 	stats, err := d.Stats.Read()
-	if err != nil {
+	if len(stats) == 0 && err != nil {
 		return nil, err
 	}
 	known := map[string]bool{}
