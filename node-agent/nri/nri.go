@@ -369,6 +369,12 @@ func deviceNodes(ctr *api.Container) []enforce.DeviceNode {
 	return out
 }
 
+// Pod returns a pod bound to the node from the agent's pod cache, waiting
+// for it as container creation does.
+func (p *Plugin) Pod(ctx context.Context, namespace, name string) (*v1.Pod, error) {
+	return p.pod(ctx, namespace, name)
+}
+
 // pod waits for the pod to reach the pod cache, within PodWait and half of
 // the runtime's remaining request time.
 func (p *Plugin) pod(ctx context.Context, namespace, name string) (*v1.Pod, error) {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -42,6 +43,10 @@ const (
 	ReasonInUse                = "InUse"
 )
 
+// DefaultReconcileInterval is how often the agent brings shares back to
+// the pods' assignments.
+const DefaultReconcileInterval = 30 * time.Second
+
 // regionLockTimeout bounds the wait for the region's lock, which a process
 // of the container can hold.
 const regionLockTimeout = 5 * time.Second
@@ -64,7 +69,16 @@ type Applier struct {
 	// Use reads what a container's processes use per card UUID, in MiB
 	// (NVML, from outside the container).
 	Use func(id string) (map[string]int64, error)
+	// Pod returns a pod bound to the node (the agent's pod cache).
+	Pod func(ctx context.Context, namespace, name string) (*v1.Pod, error)
+	// ReconcileInterval is how often every shared container's view and
+	// region limits are brought back to its pod's assignment; 0 never.
+	ReconcileInterval time.Duration
 }
+
+// reconcileKey queues a reconciliation among the resizes' keys (no
+// object's key starts with a NUL).
+const reconcileKey = "\x00reconcile"
 
 // Run applies resizes until ctx ends.
 func (a *Applier) Run(ctx context.Context) {
@@ -89,10 +103,21 @@ func (a *Applier) Run(ctx context.Context) {
 	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
 		return
 	}
+	if a.ReconcileInterval > 0 {
+		queue.Add(reconcileKey)
+	}
 	for {
 		key, quit := queue.Get()
 		if quit {
 			return
+		}
+		if key == reconcileKey {
+			// In the same goroutine as apply: the two never write one region
+			// at once.
+			a.reconcile(klog.NewContext(ctx, logger), informer.GetStore())
+			queue.Done(key)
+			queue.AddAfter(reconcileKey, a.ReconcileInterval)
+			continue
 		}
 		obj, exists, err := informer.GetStore().GetByKey(key)
 		if err == nil && exists {
@@ -145,7 +170,7 @@ func (a *Applier) apply(ctx context.Context, u *unstructured.Unstructured) error
 // the condition's reason and message. A shrink whose container uses more
 // than it leaves is undone.
 func (a *Applier) write(ctx context.Context, r *v1alpha1.GPUShareResize) (string, string) {
-	ctr, cards, ok := a.container(r)
+	ctr, cards, ok := a.container(ctx, r)
 	if !ok {
 		return ReasonContainerNotRunning, fmt.Sprintf("container %q of pod %s holds no share on node %s now", r.Spec.Container, r.Spec.PodName, a.Node)
 	}
@@ -199,18 +224,43 @@ func (a *Applier) undo(set func([]region.Limits) error, from []region.Limits, re
 
 // container finds the running container the resize names and its cards, in
 // the order the container sees them (the region's card indices).
-func (a *Applier) container(r *v1alpha1.GPUShareResize) (nri.Running, []gpuinfo.CardAssignment, bool) {
+func (a *Applier) container(ctx context.Context, r *v1alpha1.GPUShareResize) (nri.Running, []gpuinfo.CardAssignment, bool) {
 	for _, ctr := range a.Running() {
 		if ctr.Namespace != r.Namespace || ctr.Pod != r.Spec.PodName || ctr.Container != r.Spec.Container || ctr.Unrestricted {
 			continue
 		}
 		for _, h := range ctr.Holdings {
 			if h.Key == enforce.ContainerKey(ctr.ID) {
-				return ctr, append([]gpuinfo.CardAssignment(nil), h.Cards...), true
+				return ctr, a.indexed(ctx, ctr, slices.Clone(h.Cards)), true
 			}
 		}
 	}
 	return nri.Running{}, nil, false
+}
+
+// indexed fills in the node's card indices, by UUID from the pod's
+// assignment, of cards read back from a container's environment after the
+// agent restarted (which name no index).
+func (a *Applier) indexed(ctx context.Context, ctr nri.Running, cards []gpuinfo.CardAssignment) []gpuinfo.CardAssignment {
+	if !slices.ContainsFunc(cards, func(c gpuinfo.CardAssignment) bool { return c.Index < 0 }) || a.Pod == nil {
+		return cards
+	}
+	pod, err := a.Pod(ctx, ctr.Namespace, ctr.Pod)
+	if err != nil {
+		return cards
+	}
+	assigned, err := gpuinfo.DecodeAssignment(pod.Annotations[gpuinfo.AssignmentAnnotation])
+	if err != nil {
+		return cards
+	}
+	for k := range cards {
+		for _, e := range assigned.Containers[ctr.Container] {
+			if e.UUID == cards[k].UUID {
+				cards[k].Index = e.Index
+			}
+		}
+	}
+	return cards
 }
 
 // limits are the region limits of shares for the container's cards.
@@ -237,4 +287,99 @@ func regionRefusal(err error) (string, string) {
 	default:
 		return ReasonRegionUnwritable, err.Error()
 	}
+}
+
+// reconcile brings every shared container's share, in the agent's view and
+// in its region, back to what its pod's assignment says — less, while a
+// shrink of it is under way. The view is rebuilt from containers'
+// environments when the agent restarts, which a resize does not change; and
+// the region is the container's own to write, so limits a process raised
+// there are lowered again.
+func (a *Applier) reconcile(ctx context.Context, resizes cache.Store) {
+	logger := klog.FromContext(ctx)
+	shrinking := a.shrinking(resizes)
+	for _, ctr := range a.Running() {
+		_, cards, ok := a.container(ctx, &v1alpha1.GPUShareResize{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ctr.Namespace},
+			Spec:       v1alpha1.GPUShareResizeSpec{PodName: ctr.Pod, Container: ctr.Container},
+		})
+		if !ok || ctr.Unrestricted {
+			continue
+		}
+		pod, err := a.Pod(ctx, ctr.Namespace, ctr.Pod)
+		if err != nil || pod.UID != ctr.PodUID {
+			continue
+		}
+		assigned, err := gpuinfo.DecodeAssignment(pod.Annotations[gpuinfo.AssignmentAnnotation])
+		if err != nil {
+			continue
+		}
+		want := assigned.Containers[ctr.Container]
+		if !sameCards(want, cards) || want[0].Cores >= gpuinfo.FullCores {
+			continue
+		}
+		want = slices.Clone(want)
+		if to, ok := shrinking[ctr.Namespace+"/"+ctr.Pod+"/"+ctr.Container]; ok {
+			for k := range want {
+				if s, ok := v1alpha1.ShareOf(to, want[k].Index); ok {
+					want[k].MemoryMiB, want[k].Cores = min(want[k].MemoryMiB, s.MemoryMiB), min(want[k].Cores, s.Cores)
+				}
+			}
+		}
+		if !slices.Equal(want, cards) {
+			logger.V(2).Info("Container's share brought back to its pod's assignment", "pod", klog.KObj(pod), "container", ctr.Container)
+			a.Resized(ctr.ID, want)
+		}
+		a.reconcileRegion(ctx, ctr, want)
+	}
+}
+
+// reconcileRegion writes want's limits into the container's region where
+// they differ; a region not initialised or not supported is left alone.
+func (a *Applier) reconcileRegion(ctx context.Context, ctr nri.Running, want []gpuinfo.CardAssignment) {
+	reg, err := region.Open(filepath.Join(a.RegionDir, enforce.RegionName(ctr.ID)))
+	if err != nil {
+		return
+	}
+	defer reg.Close()
+	have, err := reg.Limits()
+	if err != nil {
+		return
+	}
+	limits := limits(want, nil)
+	for k, l := range limits {
+		if have[k] != l {
+			klog.FromContext(ctx).Info("Container's limits in its shared region differ from its share; written again",
+				"pod", klog.KRef(ctr.Namespace, ctr.Pod), "container", ctr.Container, "card", k,
+				"foundMiB", have[k].MemoryBytes>>20, "foundCores", have[k].ComputePercent, "writtenMiB", l.MemoryBytes>>20, "writtenCores", l.ComputePercent)
+			lockCtx, cancel := context.WithTimeout(ctx, regionLockTimeout)
+			defer cancel()
+			_ = reg.SetLimits(lockCtx, limits)
+			return
+		}
+	}
+}
+
+// shrinking are the shares asked by the shrinks under way on the node, by
+// namespace/pod/container: taken up, not decided, not refused by the agent.
+func (a *Applier) shrinking(resizes cache.Store) map[string][]v1alpha1.CardShare {
+	out := map[string][]v1alpha1.CardShare{}
+	for _, obj := range resizes.List() {
+		r := &v1alpha1.GPUShareResize{}
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(obj.(*unstructured.Unstructured).Object, r) != nil {
+			continue
+		}
+		if r.Status.NodeName != a.Node || r.Decided() || meta.IsStatusConditionFalse(r.Status.Conditions, v1alpha1.ConditionLimitsWritten) {
+			continue
+		}
+		if _, shrink := v1alpha1.Compare(r.Status.From, r.Status.To); shrink {
+			out[r.Namespace+"/"+r.Spec.PodName+"/"+r.Spec.Container] = r.Status.To
+		}
+	}
+	return out
+}
+
+// sameCards reports whether two lists name the same cards in the same order.
+func sameCards(a, b []gpuinfo.CardAssignment) bool {
+	return len(a) > 0 && slices.EqualFunc(a, b, func(x, y gpuinfo.CardAssignment) bool { return x.UUID == y.UUID })
 }

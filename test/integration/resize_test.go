@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -239,7 +240,7 @@ func TestResize(t *testing.T) {
 		Holdings: []enforce.Holding{{Key: enforce.ContainerKey(id), Cards: e.assignment(notebook).Containers["main"]}},
 	}}}
 	applier := &noderesize.Applier{Node: node, Client: dynamicAs(e.tCtx, install.AsAgent(controlPlane.Config, node)),
-		RegionDir: regions, Running: view.Running, Resized: view.Resized, Use: view.Use}
+		RegionDir: regions, Running: view.Running, Resized: view.Resized, Use: view.Use, Pod: e.podGetter(), ReconcileInterval: 100 * time.Millisecond}
 	go applier.Run(e.tCtx)
 	rs := e.resizes()
 
@@ -315,4 +316,26 @@ func TestResize(t *testing.T) {
 		t.Errorf("the agent's view of the notebook's share: %d MiB, want 8192", held)
 	}
 	e.checkCardsHold(l4MiB)
+
+	// An agent restarted reads the share back from the container's
+	// environment (the 4096 MiB it started with, no card index), and a
+	// process of the container raised its own limit: both are brought back
+	// to the pod's assignment.
+	view.mu.Lock()
+	view.running[0].Holdings[0].Cards = []gpuinfo.CardAssignment{{Index: -1, UUID: view.running[0].Holdings[0].Cards[0].UUID, MemoryMiB: 4096, Cores: 30}}
+	view.mu.Unlock()
+	if err := testutil.WriteRegion(regionPath, 1, 2, []uint64{20000 << 20}, []uint64{30}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(30*time.Second, "the view and the region to be brought back to 8192 MiB", func() (bool, error) {
+		card := view.Running()[0].Holdings[0].Cards[0]
+		return card.MemoryMiB == 8192 && card.Index == 0 && e.limitMiB(regionPath) == 8192, nil
+	})
+}
+
+// podGetter reads pods of the test's namespace as the agent's cache does.
+func (e *env) podGetter() func(context.Context, string, string) (*v1.Pod, error) {
+	return func(ctx context.Context, namespace, name string) (*v1.Pod, error) {
+		return e.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	}
 }

@@ -337,7 +337,8 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			return err
 		}
 		applier := &resize.Applier{Node: nodeName, Client: dyn, RegionDir: enforcer.Enforce.Paths.HostCacheDir,
-			Running: enforcer.Running, Resized: enforcer.Resized, Use: detector.Use}
+			Running: enforcer.Running, Resized: enforcer.Resized, Use: detector.Use, Pod: enforcer.Pod,
+			ReconcileInterval: resize.DefaultReconcileInterval}
 		go applier.Run(ctx)
 	}
 	if collector != nil {
