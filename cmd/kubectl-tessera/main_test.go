@@ -605,3 +605,39 @@ func TestPodNominatedAndReserved(t *testing.T) {
 	checkGolden(t, "pod-nominated", result(kubectlTessera(t, "pod", "urgent", "-n", ns)))
 	checkGolden(t, "pod-nominated-json", result(kubectlTessera(t, "pod", "urgent", "-n", ns, "-o", "json")))
 }
+
+// TestResize asks for resizes of the video pod's shares through the
+// plugin, against the scheduler's resize controller: a pod with two shared
+// containers needs -c; a share beyond the container's request is refused,
+// and the refusal is the command's error; a resize created without waiting
+// is shown by `pod` with where it stands. (It runs after TestCommands,
+// whose golden output of the video pod has no resizes.)
+func TestResize(t *testing.T) {
+	_, _, err := kubectlTessera(t, "resize", "video", "-n", "team-b", "--memory", "2Gi")
+	if err == nil || !strings.Contains(err.Error(), "containers encoder, main, warmup hold shares: name one with -c") {
+		t.Errorf("without -c: %v", err)
+	}
+	out, _, err := kubectlTessera(t, "resize", "video", "-n", "team-b", "-c", "encoder", "--memory", "8Gi")
+	if err == nil || !strings.Contains(err.Error(), "refused (BeyondRequest)") || !strings.Contains(out, "created") {
+		t.Errorf("beyond the request: %q, %v", out, err)
+	}
+	if _, _, err := kubectlTessera(t, "resize", "video", "-n", "team-b", "-c", "main", "--cores", "100"); err == nil {
+		t.Error("--cores 100 was accepted")
+	}
+	if out, _, err := kubectlTessera(t, "resize", "video", "-n", "team-b", "-c", "main", "--memory", "4Gi", "--no-wait"); err != nil || !strings.Contains(out, "created") {
+		t.Fatalf("--no-wait: %q, %v", out, err)
+	}
+	out, _, err = kubectlTessera(t, "pod", "video", "-n", "team-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "Resize:") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 2 || !strings.Contains(lines[0], "container encoder to 8Gi: Refused (BeyondRequest:") || !strings.Contains(lines[1], "container main to 4Gi:") {
+		t.Errorf("pod's resizes:\n%s", strings.Join(lines, "\n"))
+	}
+}

@@ -80,6 +80,9 @@ type PodStatus struct {
 	Reservations []string `json:"reservations,omitempty"`
 	// Nodes is, for a pending pod, each GPU node's answer.
 	Nodes []NodeFit `json:"nodes,omitempty"`
+	// Resizes are the pod's GPUShareResizes, oldest first: what each asks
+	// and where it stands.
+	Resizes []string `json:"resizes,omitempty"`
 }
 
 // ContainerRequest is one container's GPU request.

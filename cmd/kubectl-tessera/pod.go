@@ -100,6 +100,10 @@ func runPod(ctx context.Context, g *globals, client kubernetes.Interface, ns, na
 			return err
 		}
 	}
+	if pod.Spec.NodeName != "" {
+		// Without the CRD, or the right to list resizes, there are none to show.
+		out.Resizes, _ = podResizes(ctx, g, ns, name)
+	}
 	if assignmentErr != nil {
 		warn(g.streams.ErrOut, []error{assignmentErr})
 	}
@@ -249,6 +253,9 @@ func printPod(w io.Writer, pod *v1.Pod, s PodStatus, assignmentErr error) error 
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	for _, r := range s.Resizes {
+		fmt.Fprintf(w, "Resize:      %s\n", r)
 	}
 	if s.Scheduled != "" {
 		fmt.Fprintf(w, "Scheduler:   %s\n", s.Scheduled)

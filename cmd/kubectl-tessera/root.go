@@ -76,7 +76,7 @@ is or is not placed, and what the containers on GPUs were given and use.`,
 		}
 		return fmt.Errorf("unknown output format %q: use wide, json or yaml", g.output)
 	}
-	cmd.AddCommand(newNodesCommand(g), newPodCommand(g), newTopCommand(g), newVersionCommand(g))
+	cmd.AddCommand(newNodesCommand(g), newPodCommand(g), newResizeCommand(g), newTopCommand(g), newVersionCommand(g))
 	for _, sub := range cmd.Commands() {
 		if run := sub.RunE; run != nil {
 			sub.RunE = func(c *cobra.Command, args []string) error { return explainForbidden(run(c, args), g.tesseraNamespace) }
