@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,15 +26,19 @@ import (
 	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
 	"github.com/tessera-gpu/tessera/manifests"
+	resizev1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/topology"
 )
 
@@ -102,6 +107,10 @@ func run(ctx context.Context, o options, out io.Writer) error {
 			return err
 		}
 		go a.Run(agents) // keeps the heartbeat Lease fresh while the demo runs
+		// Its agent applies resizes of the shares on it.
+		if err := cp.RunResizes(agents, n.name, filepath.Join(o.workDir, "vgpu", n.name)); err != nil {
+			return err
+		}
 		about := fmt.Sprintf("%d x %s", n.cards, n.spec)
 		if n.about != "" {
 			about = n.about
@@ -159,12 +168,20 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	fmt.Fprint(out, table)
+	if err := resizeNotebook(ctx, cp, out); err != nil {
+		return err
+	}
+	if table, err = render(ctx, client); err != nil {
+		return err
+	}
+	fmt.Fprint(out, "\n"+table)
 	if o.once {
 		return nil
 	}
 	fmt.Fprintf(out, "\nLook at the fleet with Tessera's kubectl plugin (only Go needed):\n"+
 		"  go run ./cmd/kubectl-tessera --kubeconfig %[1]s nodes\n"+
 		"  go run ./cmd/kubectl-tessera --kubeconfig %[1]s pod too-big\n"+
+		"  go run ./cmd/kubectl-tessera --kubeconfig %[1]s resize notebook-alice --memory 8Gi\n"+
 		"Submit your own pods and watch them placed (with kubectl installed):\n"+
 		"  kubectl --kubeconfig %[1]s apply -f %[2]s\nPress Ctrl-C to stop.\n", kubeconfig, filepath.Join(o.examples, "inference.yaml"))
 	for {
@@ -327,4 +344,43 @@ func render(ctx context.Context, client kubernetes.Interface) (string, error) {
 	var b bytes.Buffer
 	err := cluster.WriteTable(ctx, client, &b)
 	return b.String(), err
+}
+
+// resizeNotebook gives back half of an idle notebook's card memory with a
+// GPUShareResize, without restarting it, and says what became of it.
+func resizeNotebook(ctx context.Context, cp *cluster.ControlPlane, out io.Writer) error {
+	const pod, name = "notebook-alice", "notebook-alice-idle"
+	fmt.Fprintf(out, "\nThe idle %s gives half its share back (GPUShareResize %s: 4Gi, no restart)...\n", pod, name)
+	client, err := dynamic.NewForConfig(cp.Config)
+	if err != nil {
+		return err
+	}
+	resizes := client.Resource(resizev1alpha1.Resource).Namespace(metav1.NamespaceDefault)
+	if _, err := resizes.Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": resizev1alpha1.Resource.GroupVersion().String(), "kind": resizev1alpha1.Kind,
+		"metadata": map[string]any{"name": name},
+		"spec":     map[string]any{"podName": pod, "container": "jupyter", "memory": "4Gi"},
+	}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("resizing %s: %w", pod, err)
+	}
+	var r resizev1alpha1.GPUShareResize
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		u, err := resizes.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &r); err != nil {
+			return false, err
+		}
+		return r.Decided(), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the resize of %s: %w", pod, err)
+	}
+	for _, c := range r.Status.Conditions {
+		if (c.Type == resizev1alpha1.ConditionApplied || c.Type == resizev1alpha1.ConditionRefused) && c.Status == metav1.ConditionTrue {
+			fmt.Fprintf(out, "GPUShareResize %s %s: %s\n", name, strings.ToLower(c.Type), c.Message)
+		}
+	}
+	return nil
 }

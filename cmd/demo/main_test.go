@@ -43,18 +43,29 @@ func TestDemoOnce(t *testing.T) {
 		regexp.MustCompile(`(?m)^l4-dra-node\s+\d\s+NVIDIA L4 \(DRA\)\s+\S+\s+12288/23034\s+\S+\s+40%\s+notebook-carol, notebook-dave$`),
 		// gangs: one bound whole, one that cannot fit waits holding nothing.
 		regexp.MustCompile(`default/too-wide-\d: .*pod group is unschedulable`),
+		// resize: the idle notebook gave half its share back, without a
+		// restart, through the scheduler and its node's agent.
+		regexp.MustCompile(`GPUShareResize notebook-alice-idle applied: container "jupyter" holds 4096 MiB and 20% of card \d`),
 	} {
 		if !want.MatchString(got) {
 			t.Errorf("output does not match %s", want)
 		}
 	}
-	if n := len(regexp.MustCompile(`(?m)^a100-node\s+\d\s+.*allreduce-\d$`).FindAllString(got, -1)); n != 6 {
+	// The table is printed again after the resize: count in the last one.
+	_, last, found := strings.Cut(got, "GPUShareResize notebook-alice-idle applied")
+	if !found {
+		last = got
+	}
+	if !strings.Contains(last, "4096/81920") {
+		t.Error("the table after the resize does not show the notebook's card with 4096 MiB allocated")
+	}
+	if n := len(regexp.MustCompile(`(?m)^a100-node\s+\d\s+.*allreduce-\d$`).FindAllString(last, -1)); n != 6 {
 		t.Errorf("the allreduce gang holds %d A100s, want 6 (3 workers × 2)", n)
 	}
 	if strings.Contains(got, "too-wide-0 ") || regexp.MustCompile(`(?m)too-wide-\d$`).MatchString(got) {
 		t.Error("a pod of the gang that cannot fit holds cards")
 	}
-	if n := len(regexp.MustCompile(`(?m)^h100-node\s+[4-7]\s+NVIDIA H100.*pretrain-h100$`).FindAllString(got, -1)); n != 4 {
+	if n := len(regexp.MustCompile(`(?m)^h100-node\s+[4-7]\s+NVIDIA H100.*pretrain-h100$`).FindAllString(last, -1)); n != 4 {
 		t.Errorf("pretrain-h100 is on %d of the H100 cards 4-7, want 4 (one NVLink quad)", n)
 	}
 	// spread: the notebooks are on different cards.

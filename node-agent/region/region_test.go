@@ -12,28 +12,28 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
-	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/internal/hamicore"
 	"github.com/tessera-gpu/tessera/node-agent/region"
 )
 
 // The library's layout as testutil writes it, from the header's offsets.
 const (
-	libSize    = testutil.RegionSize
-	libLimit   = testutil.RegionMemoryLimit
-	libSMLimit = testutil.RegionSMLimit
-	libSlots   = testutil.RegionSlots
-	libProcNum = testutil.RegionProcNum
-	libSeqlock = testutil.RegionSeqlock
+	libSize    = hamicore.RegionSize
+	libLimit   = hamicore.RegionMemoryLimit
+	libSMLimit = hamicore.RegionSMLimit
+	libSlots   = hamicore.RegionSlots
+	libProcNum = hamicore.RegionProcNum
+	libSeqlock = hamicore.RegionSeqlock
 )
 
-type process = testutil.RegionProcess
+type process = hamicore.RegionProcess
 
 // libraryRegion writes a region initialised by the library and returns its
 // path.
 func libraryRegion(t *testing.T, major, minor uint32, mem, sm []uint64, procs []process) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ctr.cache")
-	if err := testutil.WriteRegion(path, major, minor, mem, sm, procs); err != nil {
+	if err := hamicore.WriteRegion(path, major, minor, mem, sm, procs); err != nil {
 		t.Fatal(err)
 	}
 	return path

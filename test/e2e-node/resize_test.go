@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/kubernetes/test/utils/ktesting"
 
-	"github.com/tessera-gpu/tessera/internal/testutil"
+	"github.com/tessera-gpu/tessera/internal/hamicore"
 	"github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
 )
 
@@ -33,7 +33,7 @@ func TestResizeRunningContainer(t *testing.T) {
 	pod := schedule(tCtx, podSpec(ns, "notebook", "", container{name: "main", limits: map[string]int64{"tessera.io/gpu-memory": 8192, "tessera.io/gpu-cores": 30}}))["notebook"]
 	r := startContainer(tCtx, runSandbox(tCtx, pod, ""), pod, "main")
 	hostRegion := filepath.Join(vgpuDir(), "cache", r.region())
-	if err := testutil.WriteRegion(hostRegion, 1, 2, []uint64{8192 << 20}, []uint64{30}, nil); err != nil {
+	if err := hamicore.WriteRegion(hostRegion, 1, 2, []uint64{8192 << 20}, []uint64{30}, nil); err != nil {
 		t.Fatal(err)
 	}
 	client, err := dynamic.NewForConfig(suite.cp.Config)
@@ -72,7 +72,7 @@ func TestResizeRunningContainer(t *testing.T) {
 		"the host's region":                       hostRegion,
 		"the region the container's process sees": fmt.Sprintf("/proc/%d/root/usr/local/vgpu/cache/%s", r.pid, r.region()),
 	} {
-		memory, compute, err := testutil.RegionLimits(path, 0)
+		memory, compute, err := hamicore.RegionLimits(path, 0)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}

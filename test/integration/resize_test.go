@@ -19,8 +19,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/hamicore"
 	"github.com/tessera-gpu/tessera/internal/install"
-	"github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/node-agent/enforce"
 	"github.com/tessera-gpu/tessera/node-agent/nri"
 	noderesize "github.com/tessera-gpu/tessera/node-agent/resize"
@@ -96,7 +96,7 @@ func (v *runtimeView) set(used int64, gate chan struct{}) {
 // limitMiB is the memory limit of card 0 in the region at path, in MiB.
 func (e *env) limitMiB(path string) uint64 {
 	e.tCtx.Helper()
-	mem, _, err := testutil.RegionLimits(path, 0)
+	mem, _, err := hamicore.RegionLimits(path, 0)
 	if err != nil {
 		e.tCtx.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func TestResize(t *testing.T) {
 	const id = "ctr-notebook"
 	regions := t.TempDir()
 	regionPath := filepath.Join(regions, enforce.RegionName(id))
-	if err := testutil.WriteRegion(regionPath, 1, 2, []uint64{8192 << 20}, []uint64{30}, nil); err != nil {
+	if err := hamicore.WriteRegion(regionPath, 1, 2, []uint64{8192 << 20}, []uint64{30}, nil); err != nil {
 		t.Fatal(err)
 	}
 	view := &runtimeView{usedMiB: map[string]int64{}, running: []nri.Running{{
@@ -324,7 +324,7 @@ func TestResize(t *testing.T) {
 	view.mu.Lock()
 	view.running[0].Holdings[0].Cards = []gpuinfo.CardAssignment{{Index: -1, UUID: view.running[0].Holdings[0].Cards[0].UUID, MemoryMiB: 4096, Cores: 30}}
 	view.mu.Unlock()
-	if err := testutil.WriteRegion(regionPath, 1, 2, []uint64{20000 << 20}, []uint64{30}, nil); err != nil {
+	if err := hamicore.WriteRegion(regionPath, 1, 2, []uint64{20000 << 20}, []uint64{30}, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.waitFor(30*time.Second, "the view and the region to be brought back to 8192 MiB", func() (bool, error) {

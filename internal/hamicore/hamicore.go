@@ -1,4 +1,8 @@
-package testutil
+// Package hamicore writes and reads HAMi-core's shared region as the
+// library lays it out, independently of the agent's node-agent/region: for
+// tests, and for the simulated nodes of the demo, where no library runs to
+// initialise a container's region.
+package hamicore
 
 import (
 	"encoding/binary"
