@@ -31,11 +31,7 @@ allocator and binpack policy), or the cards it would get.`,
 		Example: `  kubectl tessera pod my-inference -n ml`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, err := g.client()
-			if err != nil {
-				return err
-			}
-			ns, err := g.namespace()
+			client, ns, err := g.clientIn()
 			if err != nil {
 				return err
 			}

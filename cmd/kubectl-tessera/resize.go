@@ -70,11 +70,7 @@ applies to processes started after it.`,
 }
 
 func runResize(ctx context.Context, g *globals, pod, container string, spec map[string]any, waitForIt bool) error {
-	client, err := g.client()
-	if err != nil {
-		return err
-	}
-	ns, err := g.namespace()
+	client, ns, err := g.clientIn()
 	if err != nil {
 		return err
 	}
@@ -158,7 +154,8 @@ func sharedContainer(raw string) (string, error) {
 	return "", fmt.Errorf("containers %s hold shares: name one with -c", strings.Join(shared, ", "))
 }
 
-// podResizes lists the pod's GPUShareResizes, oldest first, as lines for
+// podResizes lists the pod's GPUShareResizes, oldest first (by the second;
+// by name within one), as lines for
 // `kubectl tessera pod`.
 func podResizes(ctx context.Context, g *globals, ns, pod string) ([]string, error) {
 	cfg, err := g.config.ToRESTConfig()
@@ -181,7 +178,10 @@ func podResizes(ctx context.Context, g *globals, ns, pod string) ([]string, erro
 		}
 	}
 	slices.SortFunc(found, func(a, b *v1alpha1.GPUShareResize) int {
-		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
 	})
 	var lines []string
 	for _, r := range found {

@@ -117,6 +117,17 @@ func (g *globals) client() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
+// clientIn returns a clientset and the namespace of the -n flag (or the
+// kubeconfig context's).
+func (g *globals) clientIn() (kubernetes.Interface, string, error) {
+	client, err := g.client()
+	if err != nil {
+		return nil, "", err
+	}
+	ns, err := g.namespace()
+	return client, ns, err
+}
+
 // namespace returns the -n flag, or the kubeconfig context's namespace.
 func (g *globals) namespace() (string, error) {
 	ns, _, err := g.config.ToRawKubeConfigLoader().Namespace()

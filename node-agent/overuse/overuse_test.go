@@ -158,6 +158,16 @@ func TestDetector(t *testing.T) {
 	if want := map[uint32]bool{101: true, 102: true, 201: true, 301: true, 302: true, 401: true}; !cmp.Equal(want, killed) {
 		t.Errorf("killed %v, want %v (never the exporter's or an unknown process)", killed, want)
 	}
+	// A container's use per card (a resize's check): its own processes'
+	// alone, not another container's or an unknown process's.
+	f.use(3, map[uint32]int64{102: 500, 999: 7000})
+	use, err := d.Use("ctra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]int64{f.uuid(0): 9096, f.uuid(3): 500}, use); diff != "" {
+		t.Errorf("Use (-want,+got):\n%s", diff)
+	}
 }
 
 // TestKillChecksTheContainer: a process is killed only while its cgroup is
@@ -172,27 +182,3 @@ func TestKillChecksTheContainer(t *testing.T) {
 	}
 }
 
-// TestUse: a container's use per card is the sum of its own processes'
-// (matched through their cgroups), read through go-nvml's mock; other
-// containers' and unknown processes do not count.
-func TestUse(t *testing.T) {
-	f := newFixture(t, map[uint32]string{101: "ctra", 102: "ctra", 201: "ctrb"})
-	backend, err := nvidia.New(f.server)
-	if err != nil {
-		t.Fatal(err)
-	}
-	running := []nri.Running{
-		{ID: "ctra", Owner: nri.Owner{Namespace: "team-a", Pod: "a", Container: "main"}, Holdings: []enforce.Holding{f.share("container/ctra", 0, 8192)}},
-		{ID: "ctrb", Owner: nri.Owner{Namespace: "team-b", Pod: "b", Container: "main"}, Holdings: []enforce.Holding{f.share("container/ctrb", 0, 8192)}},
-	}
-	d := &Detector{Stats: discovery.NewBoundedStats(backend, time.Second), Running: func() []nri.Running { return running }, ProcRoot: f.procRoot}
-	f.use(0, map[uint32]int64{101: 1000, 102: 2000, 201: 4000, 999: 7000})
-	f.use(3, map[uint32]int64{102: 500})
-	got, err := d.Use("ctra")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(map[string]int64{f.uuid(0): 3000, f.uuid(3): 500}, got); diff != "" {
-		t.Errorf("Use (-want,+got):\n%s", diff)
-	}
-}

@@ -155,13 +155,10 @@ func (a *Applier) apply(ctx context.Context, u *unstructured.Unstructured) error
 	meta.SetStatusCondition(&r.Status.Conditions, metav1.Condition{
 		Type: v1alpha1.ConditionLimitsWritten, Status: status, Reason: reason, Message: message, ObservedGeneration: r.Generation,
 	})
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(r)
+	out, err := r.Unstructured()
 	if err != nil {
 		return err
 	}
-	out := &unstructured.Unstructured{Object: obj}
-	out.SetAPIVersion(v1alpha1.Resource.GroupVersion().String())
-	out.SetKind(v1alpha1.Kind)
 	_, err = a.Client.Resource(v1alpha1.Resource).Namespace(r.Namespace).UpdateStatus(ctx, out, metav1.UpdateOptions{FieldManager: "tessera-node-agent"})
 	return err
 }

@@ -410,13 +410,10 @@ func (c *Controller) apply(ctx context.Context, r *v1alpha1.GPUShareResize, pod 
 // writeStatus writes the resize's status (an update: a conflict with the
 // agent's report is retried from the newer object).
 func (c *Controller) writeStatus(ctx context.Context, r *v1alpha1.GPUShareResize) error {
-	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(r)
+	u, err := r.Unstructured()
 	if err != nil {
 		return err
 	}
-	u := &unstructured.Unstructured{Object: obj}
-	u.SetAPIVersion(v1alpha1.Resource.GroupVersion().String())
-	u.SetKind(v1alpha1.Kind)
 	_, err = c.resizes.Namespace(r.Namespace).UpdateStatus(ctx, u, metav1.UpdateOptions{FieldManager: fieldManager})
 	return err
 }

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
@@ -122,4 +124,16 @@ func ShareOf(shares []CardShare, index int) (CardShare, bool) {
 		}
 	}
 	return CardShare{}, false
+}
+
+// Unstructured is the resize as the dynamic client sends it.
+func (r *GPUShareResize) Unstructured() (*unstructured.Unstructured, error) {
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(r)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(Resource.GroupVersion().String())
+	u.SetKind(Kind)
+	return u, nil
 }
