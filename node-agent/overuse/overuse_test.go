@@ -181,4 +181,3 @@ func TestKillChecksTheContainer(t *testing.T) {
 		t.Errorf("killing a process gone: %v", err)
 	}
 }
-
