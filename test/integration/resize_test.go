@@ -339,3 +339,71 @@ func (e *env) podGetter() func(context.Context, string, string) (*v1.Pod, error)
 		return e.client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	}
 }
+
+// TestResizesRacePlacements: grows and placements racing for the same
+// cards never over-commit one. Four notebooks asking 8192 MiB each hold two
+// L4 cards (23034 MiB) in pairs, shrunk to 2048 MiB (the node's agent
+// applies resizes over a simulated runtime); then, all at once, each is
+// grown back to its request while four 6000 MiB pods arrive: both cannot
+// fit. The reference is the pods' assignments, summed card by card.
+func TestResizesRacePlacements(t *testing.T) {
+	e := newEnv(t)
+	node := e.node("a", cluster.L4, 2, nil)
+	e.startScheduler()
+	if err := controlPlane.RunResizes(e.tCtx, node, t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	var notebooks []string
+	for i := range 4 {
+		name := fmt.Sprintf("notebook-%d", i)
+		notebooks = append(notebooks, name)
+		e.create(e.podSpec(name, "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 8192, "tessera.io/gpu-cores": 10}))
+	}
+	e.waitBound(30*time.Second, notebooks...)
+	rs := e.resizes()
+	for _, n := range notebooks {
+		rs.ask(n+"-idle", n, 2048)
+	}
+	for _, n := range notebooks {
+		if kind, reason, msg := rs.outcome(n + "-idle"); kind != resizev1alpha1.ConditionApplied {
+			t.Fatalf("shrinking %s: %s (%s: %s)", n, kind, reason, msg)
+		}
+	}
+	var wg sync.WaitGroup
+	for i, n := range notebooks {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			rs.ask(n+"-busy", n, 8192)
+		}()
+		go func() {
+			defer wg.Done()
+			e.create(e.podSpec(fmt.Sprintf("arrival-%d", i), "tessera-binpack", map[string]int64{"tessera.io/gpu-memory": 6000, "tessera.io/gpu-cores": 10}))
+		}()
+	}
+	wg.Wait()
+	grown := 0
+	for _, n := range notebooks {
+		kind, reason, _ := rs.outcome(n + "-busy")
+		switch {
+		case kind == resizev1alpha1.ConditionApplied:
+			grown++
+		case reason != resize.ReasonNoRoom:
+			t.Errorf("growing %s: %s (%s), want Applied or refused for want of room", n, kind, reason)
+		}
+	}
+	e.waitFor(30*time.Second, "every arrival to be bound or found unschedulable", func() (bool, error) {
+		pods, err := e.client.CoreV1().Pods(e.ns).List(e.tCtx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range pods.Items {
+			if strings.HasPrefix(p.Name, "arrival-") && p.Spec.NodeName == "" && !unschedulable(&p) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	e.checkCardsHold(l4MiB)
+	t.Logf("%d of 4 grows applied", grown)
+}
