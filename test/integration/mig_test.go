@@ -223,10 +223,14 @@ func TestMIGPreemptionFreesTheRightSlice(t *testing.T) {
 	e.node("mig", "A100-40GB:mig=2g.10gb@0+1g.5gb@6", 1, nil)
 	e.startScheduler()
 	k := e.startKubelet()
+	// small first, bound before the shares come: a share placed first
+	// would take the 1g.5gb slice (the best fit), leaving small the 2g.10gb
+	// one and the second share no room.
 	e.create(prioritizedAs(e.migPod("small", "mig", 4000), lowPriority))
+	e.waitBound(30*time.Second, "small")
 	e.create(prioritizedAs(e.migPod("share-a", "mig-shared", 4000), lowPriority))
 	e.create(prioritizedAs(e.migPod("share-b", "mig-shared", 4000), lowPriority))
-	e.waitBound(30*time.Second, "small", "share-a", "share-b")
+	e.waitBound(30*time.Second, "share-a", "share-b")
 	e.create(prioritizedAs(e.migPod("urgent", "mig", 8000), highPriority))
 	urgent := assignment(t, e.waitBound(60*time.Second, "urgent")["urgent"]).Containers["main"][0]
 	if urgent.MIG == nil || urgent.MIG.Profile != "2g.10gb" || urgent.MIG.Start != 0 {
