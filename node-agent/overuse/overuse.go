@@ -182,6 +182,20 @@ func (d *Detector) Check(ctx context.Context) {
 // container cannot fake). A card whose processes NVML could not list is an
 // error: the use there is unknown.
 func (d *Detector) Use(id string) (map[string]int64, error) {
+	uses, err := d.Uses()
+	if err != nil {
+		return nil, err
+	}
+	if use := uses[id]; use != nil {
+		return use, nil
+	}
+	return map[string]int64{}, nil
+}
+
+// Uses returns what the processes of every running container use on each
+// card: MiB by card UUID, by container ID (containers using no card are
+// left out, and so are processes of no container). A card whose processes NVML could not list is an error.
+func (d *Detector) Uses() (map[string]map[string]int64, error) {
 	// An error may be about other readings (utilisation, temperature):
 	// what counts is whether each card's processes were listed.
 	stats, err := d.Stats.Read()
@@ -192,7 +206,7 @@ func (d *Detector) Use(id string) (map[string]int64, error) {
 	for _, r := range d.Running() {
 		known[r.ID] = true
 	}
-	use := map[string]int64{}
+	uses := map[string]map[string]int64{}
 	for _, st := range stats {
 		if !st.ProcessesKnown {
 			return nil, fmt.Errorf("the processes on card %d are unknown", st.Index)
@@ -202,12 +216,16 @@ func (d *Detector) Use(id string) (map[string]int64, error) {
 			if owner == "" && proc.PID != 0 {
 				owner = discovery.ContainerOfProcess(d.ProcRoot, proc.PID, func(c string) bool { return known[c] })
 			}
-			if owner == id {
-				use[st.UUID] += proc.MemoryUsedMiB
+			if owner == "" {
+				continue // no container's
 			}
+			if uses[owner] == nil {
+				uses[owner] = map[string]int64{}
+			}
+			uses[owner][st.UUID] += proc.MemoryUsedMiB
 		}
 	}
-	return use, nil
+	return uses, nil
 }
 
 // holding is the key of what the container holds on the card with uuid,

@@ -168,6 +168,18 @@ func TestDetector(t *testing.T) {
 	if diff := cmp.Diff(map[string]int64{f.uuid(0): 9096, f.uuid(3): 500}, use); diff != "" {
 		t.Errorf("Use (-want,+got):\n%s", diff)
 	}
+	// Every container's at once (right-sizing's readings): the same figures,
+	// and nothing for the unknown process.
+	uses, err := d.Uses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(use, uses["ctra"]); diff != "" {
+		t.Errorf("Uses()[ctra] (-Use,+Uses):\n%s", diff)
+	}
+	if _, ok := uses[""]; ok {
+		t.Errorf("Uses counts processes of no container: %v", uses)
+	}
 }
 
 // TestKillChecksTheContainer: a process is killed only while its cgroup is

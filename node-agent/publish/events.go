@@ -38,6 +38,9 @@ const (
 	// created on a dynamic card, and is the reason of the pod's Failed
 	// phase.
 	ReasonMIGSliceUnavailable = "GPUMIGSliceUnavailable"
+	// ReasonRightSizeInvalid is on a pod whose right-sizing annotation is
+	// invalid: it is not right-sized.
+	ReasonRightSizeInvalid = "GPURightSizeInvalid"
 )
 
 // ReportExceeded records a Warning Event on the pod (namespace, name, uid):
@@ -63,6 +66,17 @@ func (p *Publisher) ReportUnenforced(ctx context.Context, pod *v1.Pod, container
 	}
 	regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
 	return p.record(ctx, pod.Namespace, pod.Name+"-gpu-", "Audit", ReasonContainerUnenforced, v1.EventTypeWarning, note, regarding)
+}
+
+// ReportRightSizeInvalid records a Warning Event on pod: its right-sizing
+// annotation is invalid (err says how), so it is not right-sized.
+func (p *Publisher) ReportRightSizeInvalid(ctx context.Context, pod *v1.Pod, err error) error {
+	note := fmt.Sprintf("%v; the pod's GPU shares are not right-sized", err)
+	if len(note) > maxNote {
+		note = note[:maxNote-3] + "..."
+	}
+	regarding := v1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}
+	return p.record(ctx, pod.Namespace, pod.Name+"-gpu-", "RightSize", ReasonRightSizeInvalid, v1.EventTypeWarning, note, regarding)
 }
 
 // ReportRefusal records a Warning Event on pod: its container could not

@@ -33,6 +33,10 @@ type Publisher struct {
 	// NotReady, when set, says why the agent cannot enforce assignments now
 	// ("" when it can); each heartbeat writes it on the Lease.
 	NotReady func() string
+	// Use, when set, is the GPU use of the node's containers opted in to
+	// right-sizing (gpuinfo.AgentUseAnnotation's value, "" for none); each
+	// heartbeat writes it on the Lease. A report that fails is left off.
+	Use func() (string, error)
 	// WithoutInventory is set when the node's cards are served as DRA
 	// devices: PublishInventory then removes the inventory annotation (an
 	// earlier run may have written it) instead of writing it, so that the
@@ -97,13 +101,19 @@ func (p *Publisher) Stopping(ctx context.Context) error {
 }
 
 func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
+	annotations := map[string]string{gpuinfo.AgentNotReadyAnnotation: notReady, gpuinfo.AgentUseAnnotation: ""}
+	if p.Use != nil {
+		if use, err := p.Use(); err == nil {
+			annotations[gpuinfo.AgentUseAnnotation] = use
+		}
+	}
 	p.leaseMu.Lock()
 	defer p.leaseMu.Unlock()
 	now := metav1.NewMicroTime(p.now())
 	leases := p.Client.CoordinationV1().Leases(p.Namespace)
 	if p.lease != nil {
 		lease := p.lease.DeepCopy()
-		setNotReady(lease, notReady)
+		setAnnotations(lease, annotations)
 		lease.Spec.RenewTime = &now
 		updated, err := leases.Update(ctx, lease, metav1.UpdateOptions{})
 		if err == nil {
@@ -133,7 +143,7 @@ func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
 				RenewTime:            &now,
 			},
 		}
-		setNotReady(lease, notReady)
+		setAnnotations(lease, annotations)
 		created, err := leases.Create(ctx, lease, metav1.CreateOptions{})
 		if err == nil {
 			p.lease = created
@@ -143,7 +153,7 @@ func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
 	if err != nil {
 		return wrap(err, "reading", p)
 	}
-	setNotReady(lease, notReady)
+	setAnnotations(lease, annotations)
 	lease.Spec.RenewTime = &now
 	lease.Spec.HolderIdentity = ptr.To(p.NodeName)
 	lease.Spec.LeaseDurationSeconds = ptr.To(int32(p.LeaseDuration / time.Second))
@@ -154,15 +164,19 @@ func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
 	return wrap(err, "renewing", p)
 }
 
-func setNotReady(lease *coordinationv1.Lease, reason string) {
-	if reason == "" {
-		delete(lease.Annotations, gpuinfo.AgentNotReadyAnnotation)
-		return
+// setAnnotations sets the Lease's annotations to the values given,
+// removing those whose value is "".
+func setAnnotations(lease *coordinationv1.Lease, values map[string]string) {
+	for key, value := range values {
+		if value == "" {
+			delete(lease.Annotations, key)
+			continue
+		}
+		if lease.Annotations == nil {
+			lease.Annotations = map[string]string{}
+		}
+		lease.Annotations[key] = value
 	}
-	if lease.Annotations == nil {
-		lease.Annotations = map[string]string{}
-	}
-	lease.Annotations[gpuinfo.AgentNotReadyAnnotation] = reason
 }
 
 func (p *Publisher) now() time.Time {

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
@@ -74,6 +75,8 @@ type Controller struct {
 	// informer and queue are those of the current term as leader.
 	informer cache.SharedIndexInformer
 	queue    workqueue.TypedRateLimitingInterface[string]
+	// rs is automatic right-sizing's state (rightsize.go).
+	rs rightSizing
 }
 
 // New returns a controller; Run starts it.
@@ -81,6 +84,7 @@ func New(ctx context.Context, cfg Config) *Controller {
 	if cfg.AgentTimeout <= 0 {
 		cfg.AgentTimeout = DefaultAgentTimeout
 	}
+	registerMetrics.Do(func() { legacyregistry.MustRegister(rightSizeDecisions) })
 	return &Controller{
 		Config:  cfg,
 		resizes: cfg.Dynamic.Resource(v1alpha1.Resource),
@@ -126,6 +130,10 @@ func (c *Controller) lead(ctx context.Context) {
 			c.queue.Add(key)
 		}
 	}
+	if err := c.informer.AddIndexers(cache.Indexers{podIndex: indexByPod}); err != nil {
+		c.logger.Error(err, "Indexing GPUShareResizes")
+		return
+	}
 	if _, err := c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
@@ -141,6 +149,7 @@ func (c *Controller) lead(ctx context.Context) {
 	if !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
 		return
 	}
+	go c.rightSize(ctx)
 	for c.next(ctx) {
 	}
 }

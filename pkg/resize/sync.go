@@ -272,16 +272,8 @@ func (c *Controller) containerShares(pod *v1.Pod, container string) (*gpuinfo.As
 // inProgress names another resize of the same container taken up and not
 // decided, or returns "".
 func (c *Controller) inProgress(r *v1alpha1.GPUShareResize) string {
-	for _, obj := range c.informer.GetStore().List() {
-		u := obj.(*unstructured.Unstructured)
-		if u.GetNamespace() != r.Namespace || u.GetName() == r.Name {
-			continue
-		}
-		other := &v1alpha1.GPUShareResize{}
-		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, other) != nil {
-			continue
-		}
-		if other.Spec.PodName == r.Spec.PodName && other.Spec.Container == r.Spec.Container && other.Status.NodeName != "" && !other.Decided() {
+	for _, other := range c.resizesOf(r.Namespace, r.Spec.PodName) {
+		if other.Name != r.Name && other.Spec.Container == r.Spec.Container && other.Status.NodeName != "" && !other.Decided() {
 			return other.Name
 		}
 	}

@@ -52,8 +52,9 @@ func resizeObject(name, pod string, spec map[string]any) *unstructured.Unstructu
 // shipped tessera-gpushareresize-edit role (which the built-in edit and
 // admin roles aggregate) creates resizes of pods in their namespace but
 // cannot change one or write any status, nor can a cluster admin or a
-// namespace owner with every right there; the scheduler writes status, and
-// a node agent only its own condition on a resize of a pod on its node.
+// namespace owner with every right there; the scheduler writes status (and
+// creates resizes, for right-sizing), and a node agent only its own
+// condition on a resize of a pod on its node.
 func TestResizeAdmission(t *testing.T) {
 	e := newEnv(t)
 	nodeA := e.node("a", cluster.L4, 1, nil)
@@ -187,7 +188,7 @@ func TestResizeAdmission(t *testing.T) {
 			_, err := agentA.Create(e.tCtx, resizeObject("agent", "notebook", map[string]any{"cores": int64(10)}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 			return err
 		}},
-		{"the scheduler creates a resize", deniedByRBAC, func() error {
+		{"the scheduler creates a resize (automatic right-sizing)", allowed, func() error {
 			_, err := scheduler.Create(e.tCtx, resizeObject("scheduler", "notebook", map[string]any{"cores": int64(10)}), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 			return err
 		}},

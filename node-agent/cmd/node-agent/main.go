@@ -41,6 +41,7 @@ import (
 	"github.com/tessera-gpu/tessera/node-agent/overuse"
 	"github.com/tessera-gpu/tessera/node-agent/publish"
 	"github.com/tessera-gpu/tessera/node-agent/resize"
+	"github.com/tessera-gpu/tessera/node-agent/rightsize"
 	"github.com/tessera-gpu/tessera/node-agent/serving"
 	configv1 "github.com/tessera-gpu/tessera/pkg/apis/config/v1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -340,6 +341,18 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 			Running: enforcer.Running, Resized: enforcer.Resized, Use: detector.Use, Pod: enforcer.Pod,
 			ReconcileInterval: resize.DefaultReconcileInterval}
 		go applier.Run(ctx)
+		// The use of the containers opted in to right-sizing, reported on
+		// the Lease for the scheduler's resize controller.
+		meter := &rightsize.Meter{Running: enforcer.Running, Pod: enforcer.Pod, Uses: detector.Uses,
+			Invalid: func(pod *v1.Pod, err error) {
+				go func() {
+					if err := a.Publisher.ReportRightSizeInvalid(ctx, pod, err); err != nil {
+						klog.ErrorS(err, "Recording an invalid right-sizing annotation", "pod", klog.KObj(pod))
+					}
+				}()
+			}}
+		a.Publisher.Use = meter.Report
+		go meter.Run(ctx, heartbeat)
 	}
 	if collector != nil {
 		// Served once the agent is wired: the probes read it.

@@ -139,7 +139,7 @@ func feedFor(ctx context.Context, h fwk.Handle, agentNamespace string, names gpu
 	}
 	feedsSeq++
 	f.seq, f.names = feedsSeq, names
-	if err := f.startResizes(ctx, h); err != nil {
+	if err := f.startResizes(ctx, h, leaseInformer); err != nil {
 		return nil, fmt.Errorf("%s: starting the resize controller: %w", Name, err)
 	}
 	feeds[factory] = f

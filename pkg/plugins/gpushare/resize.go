@@ -2,11 +2,13 @@ package gpushare
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
 	fwk "k8s.io/kube-scheduler/framework"
 
 	"github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
@@ -17,8 +19,9 @@ import (
 // startResizes starts the resize controller on the feed's ledger when the
 // GPUShareResize CRD is installed (once per scheduler process: the feed is
 // shared by every profile); it runs, under its own leader election, until
-// ctx ends.
-func (f *feed) startResizes(ctx context.Context, h fwk.Handle) error {
+// ctx ends, and reads the agents' use reports from their Leases for
+// automatic right-sizing.
+func (f *feed) startResizes(ctx context.Context, h fwk.Handle, leases cache.SharedIndexInformer) error {
 	cfg := h.KubeConfig()
 	if cfg == nil {
 		return nil
@@ -43,6 +46,9 @@ func (f *feed) startResizes(ctx context.Context, h fwk.Handle) error {
 		Recorder:       f.recorder,
 		LeaseNamespace: f.agentNamespace,
 	})
+	if _, err := leases.AddEventHandler(c.LeaseHandler()); err != nil {
+		return fmt.Errorf("following the agents' use reports: %w", err)
+	}
 	go c.Run(ctx)
 	return nil
 }

@@ -1,0 +1,47 @@
+package resize
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// TestDecide: right-sizing's rule, against figures worked out by hand
+// (margin 25 % of the peak, at least 256 MiB, rounded up to 256 MiB; a
+// shrink must free 512 MiB; a restore at 90 % of a shrunken share).
+func TestDecide(t *testing.T) {
+	const quiet = 30 * time.Minute
+	use := func(now, peak int64, window time.Duration) gpuinfo.ContainerUse {
+		return gpuinfo.ContainerUse{UseMiB: now, PeakMiB: peak, WindowSeconds: int64(window / time.Second)}
+	}
+	for _, tc := range []struct {
+		name           string
+		share, request int64
+		use            gpuinfo.ContainerUse
+		action         string
+		target         int64
+	}{
+		{"quiet notebook shrinks to peak plus a quarter", 16000, 16000, use(900, 1500, quiet), actionShrink, 2048},
+		{"margin at least 256 MiB", 16000, 16000, use(0, 100, quiet), actionShrink, 512},
+		{"nothing used at all", 16000, 16000, use(0, 0, quiet), actionShrink, 256},
+		{"window shorter than the quiet period", 16000, 16000, use(900, 1500, quiet-time.Second), "", 0},
+		{"window longer counts", 16000, 16000, use(900, 1500, 2*quiet), actionShrink, 2048},
+		{"shrunk already: nothing more to free", 2048, 16000, use(900, 1500, quiet), "", 0},
+		{"frees exactly 512 MiB", 2560, 16000, use(900, 1500, quiet), actionShrink, 2048},
+		{"frees less than 512 MiB", 2559, 16000, use(900, 1500, quiet), "", 0},
+		{"busy at its request: neither", 16000, 16000, use(15200, 15200, quiet), "", 0},
+		{"use near the shrunken limit restores", 2048, 16000, use(1844, 1844, time.Minute), actionRestore, 16000},
+		{"just below 90 % stays", 2048, 16000, use(1843, 1843, quiet), "", 0},
+		{"exactly 90 % restores", 2000, 16000, use(1800, 1800, time.Minute), actionRestore, 16000},
+		{"restore wins over a shrink", 8192, 16000, use(7400, 7400, quiet), actionRestore, 16000},
+		{"peak plus margin above the request: no shrink", 4096, 4096, use(3500, 3500, quiet), "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			action, target := decide(tc.share, tc.request, tc.use, quiet)
+			if action != tc.action || target != tc.target {
+				t.Errorf("decide(share %d, request %d, %+v) = %q %d; want %q %d", tc.share, tc.request, tc.use, action, target, tc.action, tc.target)
+			}
+		})
+	}
+}
