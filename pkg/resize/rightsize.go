@@ -10,9 +10,9 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
@@ -362,9 +362,9 @@ func (c *Controller) askRightSize(ctx context.Context, pod *v1.Pod, use gpuinfo.
 	memory := resource.NewQuantity(target<<20, resource.BinarySI)
 	r := &v1alpha1.GPUShareResize{
 		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: truncate(pod.Name, 200) + "-right-size-",
-			Namespace:    pod.Namespace,
-			Labels:       map[string]string{RightSizeLabel: action},
+			GenerateName:    truncate(pod.Name, 200) + "-right-size-",
+			Namespace:       pod.Namespace,
+			Labels:          map[string]string{RightSizeLabel: action},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}},
 		},
 		Spec: v1alpha1.GPUShareResizeSpec{PodName: pod.Name, Container: use.Container, Memory: memory},
