@@ -86,6 +86,9 @@ type rightSizing struct {
 	// asked holds the resizes created, by pod UID and container, until the
 	// informer has them.
 	asked map[string]asked
+	// restored holds when a restore was last asked, by pod UID and
+	// container (a refused one is asked again restoreRetry later).
+	restored map[string]time.Time
 	// queue holds the nodes whose reports are to be read, while leading.
 	queue workqueue.TypedInterface[string]
 }
@@ -205,7 +208,7 @@ func (c *Controller) readReport(ctx context.Context, node string) {
 // any.
 func (c *Controller) rightSizeContainer(ctx context.Context, node string, use gpuinfo.ContainerUse) error {
 	pod, err := c.Pod(use.Namespace, use.Pod)
-	if err != nil || pod.UID != use.UID || pod.Spec.NodeName != node || pod.DeletionTimestamp != nil || pod.Status.Phase != v1.PodRunning {
+	if err != nil || pod.UID != use.UID || pod.Spec.NodeName != node || pod.DeletionTimestamp != nil || pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed {
 		return nil // gone, replaced, not yet running — or not the reporting agent's to speak for
 	}
 	quiet, on, err := gpuinfo.QuietPeriod(pod)
@@ -234,10 +237,24 @@ func (c *Controller) rightSizeContainer(ctx context.Context, node string, use gp
 		return nil
 	case action == actionShrink && !last.decidedAt.IsZero() && c.now().Sub(last.decidedAt) < quiet:
 		return nil // resized within the quiet period: wait for one
-	case action == actionRestore && last.refused && c.now().Sub(last.decidedAt) < restoreRetry:
+	case action == actionRestore && !c.restoreDue(string(pod.UID)+"/"+use.Container):
 		return nil
 	}
 	return c.askRightSize(ctx, pod, use, action, share, target, quiet)
+}
+
+// restoreDue reports whether a restore may be asked for the container
+// (key: pod UID and container): none was in the last restoreRetry.
+func (c *Controller) restoreDue(key string) bool {
+	c.rs.mu.Lock()
+	defer c.rs.mu.Unlock()
+	for k, at := range c.rs.restored {
+		if c.now().Sub(at) >= restoreRetry {
+			delete(c.rs.restored, k)
+		}
+	}
+	_, recent := c.rs.restored[key]
+	return !recent
 }
 
 // decide is right-sizing's rule for a container holding share MiB per card
@@ -289,10 +306,8 @@ func (c *Controller) requestMiB(pod *v1.Pod, container string, entries []gpuinfo
 type history struct {
 	// open: a resize is not decided yet (or just created).
 	open bool
-	// decidedAt is when the newest decided one was decided; refused says
-	// whether it was refused.
+	// decidedAt is when the newest decided one was decided.
 	decidedAt time.Time
-	refused   bool
 }
 
 // lastResize reads the container's resizes since the pod was created.
@@ -314,7 +329,7 @@ func (c *Controller) lastResize(pod *v1.Pod, container string) history {
 		}
 		for _, kind := range []string{v1alpha1.ConditionApplied, v1alpha1.ConditionRefused} {
 			if cond := meta.FindStatusCondition(r.Status.Conditions, kind); cond != nil && cond.Status == metav1.ConditionTrue && cond.LastTransitionTime.After(h.decidedAt) {
-				h.decidedAt, h.refused = cond.LastTransitionTime.Time, kind == v1alpha1.ConditionRefused
+				h.decidedAt = cond.LastTransitionTime.Time
 			}
 		}
 	}
@@ -382,6 +397,12 @@ func (c *Controller) askRightSize(ctx context.Context, pod *v1.Pod, use gpuinfo.
 		c.rs.asked = map[string]asked{}
 	}
 	c.rs.asked[string(pod.UID)+"/"+use.Container] = asked{name: created.GetName(), at: c.now()}
+	if action == actionRestore {
+		if c.rs.restored == nil {
+			c.rs.restored = map[string]time.Time{}
+		}
+		c.rs.restored[string(pod.UID)+"/"+use.Container] = c.now()
+	}
 	c.rs.mu.Unlock()
 	rightSizeDecisions.WithLabelValues(action).Inc()
 	message := fmt.Sprintf("shrinking container %q from %d to %d MiB per card (%s): it used at most %d MiB over the last %v, its quiet period",
