@@ -36,6 +36,7 @@ import (
 	"github.com/tessera-gpu/tessera/manifests"
 	"github.com/tessera-gpu/tessera/node-agent/serving"
 	"github.com/tessera-gpu/tessera/pkg/apis/reservation/v1alpha1"
+	resizev1alpha1 "github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -642,5 +643,31 @@ func TestResize(t *testing.T) {
 	joined := strings.Join(lines, "\n")
 	if len(lines) != 2 || !strings.Contains(joined, "container encoder to 8Gi: Refused (BeyondRequest:") || !strings.Contains(joined, "container main to 4Gi: Pending (WaitingForNodeAgent:") {
 		t.Errorf("pod's resizes:\n%s", strings.Join(lines, "\n"))
+	}
+
+	// Opted in to right-sizing: said so, and the resizes right-sizing
+	// created are marked. An invalid opt-in is named.
+	for value, want := range map[string]string{
+		"2h":  "Right-size:  on: after 2h0m0s without a higher peak, the memory share shrinks",
+		"2 h": `Right-size:  not right-sized: pod team-b/video: annotation tessera.io/right-size="2 h": want "true", "false" or a quiet period`,
+	} {
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, gpuinfo.RightSizeAnnotation, value)
+		if _, err := env.cp.Client.CoreV1().Pods("team-b").Patch(t.Context(), "video", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if out, _, err := kubectlTessera(t, "pod", "video", "-n", "team-b"); err != nil || !strings.Contains(out, want) {
+			t.Errorf("right-size %q: %v, output:\n%s\nwant a line starting %q", value, err, out, want)
+		}
+	}
+	resizes := dynamic.NewForConfigOrDie(env.cp.Config).Resource(resizev1alpha1.Resource).Namespace("team-b")
+	if _, err := resizes.Create(t.Context(), &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": resizev1alpha1.Resource.GroupVersion().String(), "kind": resizev1alpha1.Kind,
+		"metadata": map[string]any{"name": "video-right-size-x", "labels": map[string]any{resizev1alpha1.RightSizeLabel: "shrink"}},
+		"spec":     map[string]any{"podName": "video", "container": "encoder", "memory": "1Gi"},
+	}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := kubectlTessera(t, "pod", "video", "-n", "team-b"); err != nil || !strings.Contains(out, "Resize:      video-right-size-x (right-sizing: shrink): container encoder to 1Gi") {
+		t.Errorf("a resize of right-sizing: %v, output:\n%s", err, out)
 	}
 }

@@ -83,6 +83,9 @@ type PodStatus struct {
 	// Resizes are the pod's GPUShareResizes, oldest first: what each asks
 	// and where it stands.
 	Resizes []string `json:"resizes,omitempty"`
+	// RightSize says whether the pod opted in to automatic right-sizing,
+	// with its quiet period (or why its annotation is invalid).
+	RightSize string `json:"rightSize,omitempty"`
 }
 
 // ContainerRequest is one container's GPU request.

@@ -100,6 +100,12 @@ func runPod(ctx context.Context, g *globals, client kubernetes.Interface, ns, na
 		// Without the CRD, or the right to list resizes, there are none to show.
 		out.Resizes, _ = podResizes(ctx, g, ns, name)
 	}
+	switch quiet, on, err := gpuinfo.QuietPeriod(pod); {
+	case err != nil:
+		out.RightSize = "not right-sized: " + err.Error()
+	case on:
+		out.RightSize = "on: after " + quiet.String() + " without a higher peak, the memory share shrinks to the peak plus a margin; restored near the limit"
+	}
 	if assignmentErr != nil {
 		warn(g.streams.ErrOut, []error{assignmentErr})
 	}
@@ -249,6 +255,9 @@ func printPod(w io.Writer, pod *v1.Pod, s PodStatus, assignmentErr error) error 
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	if s.RightSize != "" {
+		fmt.Fprintf(w, "Right-size:  %s\n", s.RightSize)
 	}
 	for _, r := range s.Resizes {
 		fmt.Fprintf(w, "Resize:      %s\n", r)

@@ -185,7 +185,11 @@ func podResizes(ctx context.Context, g *globals, ns, pod string) ([]string, erro
 	})
 	var lines []string
 	for _, r := range found {
-		lines = append(lines, fmt.Sprintf("%s: container %s to %s: %s", r.Name, r.Spec.Container, askedShare(r), outcome(r)))
+		name := r.Name
+		if why := r.Labels[v1alpha1.RightSizeLabel]; why != "" {
+			name += " (right-sizing: " + why + ")"
+		}
+		lines = append(lines, fmt.Sprintf("%s: container %s to %s: %s", name, r.Spec.Container, askedShare(r), outcome(r)))
 	}
 	return lines, nil
 }

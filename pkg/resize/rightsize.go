@@ -33,10 +33,6 @@ import (
 // the limit. They then take the path of every resize. A report speaks only
 // for pods on the reporting agent's node.
 
-// RightSizeLabel, on a resize the controller created, says why: "shrink"
-// or "restore".
-const RightSizeLabel = gpuinfo.Domain + "/right-size"
-
 // Right-sizing's rule.
 const (
 	// marginPercent of the peak, at least minMarginMiB, is kept above the
@@ -56,7 +52,7 @@ const (
 	askedFor = time.Minute
 )
 
-// Actions of right-sizing: values of RightSizeLabel and of the metric's
+// Actions of right-sizing: values of v1alpha1.RightSizeLabel and of the metric's
 // label.
 const (
 	actionShrink  = "shrink"
@@ -379,7 +375,7 @@ func (c *Controller) askRightSize(ctx context.Context, pod *v1.Pod, use gpuinfo.
 		ObjectMeta: metav1.ObjectMeta{
 			GenerateName:    truncate(pod.Name, 200) + "-right-size-",
 			Namespace:       pod.Namespace,
-			Labels:          map[string]string{RightSizeLabel: action},
+			Labels:          map[string]string{v1alpha1.RightSizeLabel: action},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID}},
 		},
 		Spec: v1alpha1.GPUShareResizeSpec{PodName: pod.Name, Container: use.Container, Memory: memory},
@@ -426,7 +422,7 @@ const keptRightSizes = 4
 func (c *Controller) pruneRightSizes(ctx context.Context, pod *v1.Pod, container string) {
 	var decided []*v1alpha1.GPUShareResize
 	for _, r := range c.resizesOf(pod.Namespace, pod.Name) {
-		if r.Spec.Container == container && r.Labels[RightSizeLabel] != "" && r.Decided() {
+		if r.Spec.Container == container && r.Labels[v1alpha1.RightSizeLabel] != "" && r.Decided() {
 			decided = append(decided, r)
 		}
 	}

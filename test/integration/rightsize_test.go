@@ -74,7 +74,7 @@ func (r *reporter) renew() {
 // action, oldest first.
 func (rs *resizes) rightSizes(pod, action string) []*resizev1alpha1.GPUShareResize {
 	rs.e.tCtx.Helper()
-	list, err := rs.tenant.List(rs.e.tCtx, metav1.ListOptions{LabelSelector: resize.RightSizeLabel + "=" + action})
+	list, err := rs.tenant.List(rs.e.tCtx, metav1.ListOptions{LabelSelector: resizev1alpha1.RightSizeLabel + "=" + action})
 	if err != nil {
 		rs.e.tCtx.Fatal(err)
 	}

@@ -20,6 +20,10 @@ var Resource = schema.GroupVersionResource{Group: "tessera.io", Version: "v1alph
 // Kind is the GPUShareResize kind.
 const Kind = "GPUShareResize"
 
+// RightSizeLabel, on a resize that automatic right-sizing created, says
+// why: "shrink" or "restore".
+const RightSizeLabel = "tessera.io/right-size"
+
 // GPUShareResize asks for a new GPU share for one container of a pod in its
 // namespace, on every card the container holds.
 type GPUShareResize struct {
