@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -75,6 +76,8 @@ type Controller struct {
 	// informer and queue are those of the current term as leader.
 	informer cache.SharedIndexInformer
 	queue    workqueue.TypedRateLimitingInterface[string]
+	// takenUp holds, by containerKey, the resize taken up last (its name).
+	takenUp sync.Map
 	// rs is automatic right-sizing's state (rightsize.go).
 	rs rightSizing
 }

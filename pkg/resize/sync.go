@@ -153,7 +153,16 @@ func (c *Controller) takeUp(ctx context.Context, r *v1alpha1.GPUShareResize, pod
 		reason, message = ReasonCommitting, "the new share is being recorded"
 	}
 	c.setCondition(r, v1alpha1.ConditionPending, metav1.ConditionTrue, reason, message)
-	return 0, c.writeStatus(ctx, r)
+	if err := c.writeStatus(ctx, r); err != nil {
+		return 0, err
+	}
+	c.takenUp.Store(containerKey(r), r.Name)
+	return 0, nil
+}
+
+// containerKey names the container a resize is of: namespace/pod/container.
+func containerKey(r *v1alpha1.GPUShareResize) string {
+	return r.Namespace + "/" + r.Spec.PodName + "/" + r.Spec.Container
 }
 
 // follow takes a resize whose shares are recorded in its status to its end:
@@ -271,11 +280,21 @@ func (c *Controller) containerShares(pod *v1.Pod, container string) (*gpuinfo.As
 
 // inProgress names another resize of the same container taken up and not
 // decided, or returns "".
+// The informer may not have seen the status of one this controller has
+// just taken up (two resizes created at once): that one counts until the
+// informer has it decided, or deleted.
 func (c *Controller) inProgress(r *v1alpha1.GPUShareResize) string {
+	last, _ := c.takenUp.Load(containerKey(r))
 	for _, other := range c.resizesOf(r.Namespace, r.Spec.PodName) {
-		if other.Name != r.Name && other.Spec.Container == r.Spec.Container && other.Status.NodeName != "" && !other.Decided() {
+		if other.Name == r.Name || other.Spec.Container != r.Spec.Container || other.Decided() {
+			continue
+		}
+		if other.Status.NodeName != "" || other.Name == last {
 			return other.Name
 		}
+	}
+	if last != nil {
+		c.takenUp.CompareAndDelete(containerKey(r), last) // decided, or gone
 	}
 	return ""
 }
