@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
@@ -103,9 +104,11 @@ func (p *Publisher) Stopping(ctx context.Context) error {
 func (p *Publisher) heartbeat(ctx context.Context, notReady string) error {
 	annotations := map[string]string{gpuinfo.AgentNotReadyAnnotation: notReady, gpuinfo.AgentUseAnnotation: ""}
 	if p.Use != nil {
-		if use, err := p.Use(); err == nil {
-			annotations[gpuinfo.AgentUseAnnotation] = use
+		use, err := p.Use()
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "GPU use report left off the heartbeat Lease: the node's pods are not right-sized meanwhile")
 		}
+		annotations[gpuinfo.AgentUseAnnotation] = use
 	}
 	p.leaseMu.Lock()
 	defer p.leaseMu.Unlock()

@@ -97,49 +97,40 @@ type asked struct {
 // LeaseHandler follows the agents' Leases for their use reports (the
 // scheduler's Lease informer in the agents' namespace).
 func (c *Controller) LeaseHandler() cache.ResourceEventHandler {
-	observe := func(obj any) {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		lease, ok := obj.(*coordinationv1.Lease)
-		if !ok {
-			return
-		}
-		node, ok := strings.CutPrefix(lease.Name, gpuinfo.AgentLeasePrefix)
-		if !ok {
-			return
-		}
-		raw := lease.Annotations[gpuinfo.AgentUseAnnotation]
-		if lease.DeletionTimestamp != nil {
-			raw = ""
-		}
-		c.rs.mu.Lock()
-		defer c.rs.mu.Unlock()
-		if c.rs.reports == nil {
-			c.rs.reports = map[string]string{}
-		}
-		if raw == "" {
-			delete(c.rs.reports, node)
-			return
-		}
-		c.rs.reports[node] = raw
-		if c.rs.queue != nil {
-			c.rs.queue.Add(node)
-		}
-	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    observe,
-		UpdateFunc: func(_, obj any) { observe(obj) },
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			if lease, ok := obj.(*coordinationv1.Lease); ok {
-				lease = lease.DeepCopy()
-				lease.DeletionTimestamp = &metav1.Time{}
-				observe(lease)
-			}
-		},
+		AddFunc:    func(obj any) { c.observeLease(obj, false) },
+		UpdateFunc: func(_, obj any) { c.observeLease(obj, false) },
+		DeleteFunc: func(obj any) { c.observeLease(obj, true) },
+	}
+}
+
+// observeLease keeps an agent's last use report and queues its node, or
+// forgets the report of a Lease deleted.
+func (c *Controller) observeLease(obj any, deleted bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	lease, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return
+	}
+	node, ok := strings.CutPrefix(lease.Name, gpuinfo.AgentLeasePrefix)
+	if !ok {
+		return
+	}
+	raw := lease.Annotations[gpuinfo.AgentUseAnnotation]
+	c.rs.mu.Lock()
+	defer c.rs.mu.Unlock()
+	if c.rs.reports == nil {
+		c.rs.reports = map[string]string{}
+	}
+	if deleted || raw == "" {
+		delete(c.rs.reports, node)
+		return
+	}
+	c.rs.reports[node] = raw
+	if c.rs.queue != nil {
+		c.rs.queue.Add(node)
 	}
 }
 
