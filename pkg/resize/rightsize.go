@@ -219,15 +219,21 @@ func (c *Controller) rightSizeContainer(ctx context.Context, node string, use gp
 		share = max(share, e.MemoryMiB)
 	}
 	action, target := decide(share, request, use, quiet)
-	switch {
-	case action == "":
-		return nil
-	case action == actionShrink && !last.decidedAt.IsZero() && c.now().Sub(last.decidedAt) < quiet:
-		return nil // resized within the quiet period: wait for one
-	case action == actionRestore && !c.restoreDue(string(pod.UID)+"/"+use.Container):
+	if action == "" || !c.due(action, string(pod.UID)+"/"+use.Container, last, quiet) {
 		return nil
 	}
 	return c.askRightSize(ctx, pod, use, action, share, target, quiet)
+}
+
+// due reports whether right-sizing may ask for the action now: a shrink
+// not within a quiet period of the container's last decided resize, a
+// restore not within restoreRetry of the last one asked (key: pod UID and
+// container).
+func (c *Controller) due(action, key string, last history, quiet time.Duration) bool {
+	if action == actionShrink {
+		return last.decidedAt.IsZero() || c.now().Sub(last.decidedAt) >= quiet
+	}
+	return c.restoreDue(key)
 }
 
 // restoreDue reports whether a restore may be asked for the container

@@ -45,3 +45,32 @@ func TestDecide(t *testing.T) {
 		})
 	}
 }
+
+// TestDue: a shrink waits a quiet period after the container's last
+// resize was decided (a restore included, so a woken notebook is not shrunk
+// again at once); a restore is asked again only restoreRetry after the last.
+func TestDue(t *testing.T) {
+	now := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	c := &Controller{now: func() time.Time { return now }}
+	c.rs.restored = map[string]time.Time{"uid/main": now.Add(-5 * time.Second), "uid/old": now.Add(-restoreRetry)}
+	for _, tc := range []struct {
+		name   string
+		action string
+		key    string
+		last   history
+		want   bool
+	}{
+		{"shrink, never resized", actionShrink, "uid/main", history{}, true},
+		{"shrink, resized 30 s ago", actionShrink, "uid/main", history{decidedAt: now.Add(-30 * time.Second)}, false},
+		{"shrink, resized a quiet period ago", actionShrink, "uid/main", history{decidedAt: now.Add(-time.Minute)}, true},
+		{"restore, asked 5 s ago", actionRestore, "uid/main", history{}, false},
+		{"restore, asked restoreRetry ago", actionRestore, "uid/old", history{}, true},
+		{"restore, never asked", actionRestore, "uid/other", history{decidedAt: now}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := c.due(tc.action, tc.key, tc.last, time.Minute); got != tc.want {
+				t.Errorf("due = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -171,9 +171,6 @@ func TestRightSizing(t *testing.T) {
 	if kind, reason, msg := rs.outcome(restores[len(restores)-1].Name); kind != resizev1alpha1.ConditionApplied {
 		t.Errorf("the last restore: %s (%s: %s), want Applied", kind, reason, msg)
 	}
-	if shrinks := rs.rightSizes("notebook", "shrink"); len(shrinks) != 1 {
-		t.Errorf("right-sizing shrank the notebook %d times, want once (within its quiet period after the restore, not again)", len(shrinks))
-	}
 	all := append(rs.rightSizes("notebook", "shrink"), restores...)
 	for _, r := range all {
 		if len(r.OwnerReferences) != 1 || r.OwnerReferences[0].UID != notebook.UID {
