@@ -14,7 +14,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"time"
 
 	"k8s.io/klog/v2"
 
@@ -73,20 +72,6 @@ type holderCard struct{ key, uuid string }
 // share before it is reported: one reading may catch memory a process is
 // about to free.
 const readingsToReport = 2
-
-// Run checks every interval until ctx ends.
-func (d *Detector) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			d.Check(ctx)
-		}
-	}
-}
 
 // Check reads the cards' processes once and acts on holders over their
 // share.

@@ -25,8 +25,8 @@ import (
 // left out (and so not right-sized) until there is room.
 const MaxReported = 256
 
-// Meter reads the use of the opted-in containers on every Read and reports
-// it.
+// Meter reads the use of the opted-in containers on every Read (the agent
+// calls it every heartbeat interval) and reports it.
 type Meter struct {
 	// Running lists the containers the runtime runs, with their shares.
 	Running func() []nri.Running
@@ -64,20 +64,6 @@ type track struct {
 type minutePeak struct {
 	minute int64 // Unix minutes
 	mib    int64
-}
-
-// Run reads every interval until ctx ends.
-func (m *Meter) Run(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			m.Read(ctx)
-		}
-	}
 }
 
 // Read takes one reading of every opted-in container holding shares. A

@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -330,7 +331,7 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 		detector := &overuse.Detector{Stats: stats, Running: enforcer.Running, ProcRoot: "/proc", Stop: svc.stopOverUse,
 			Report: func(e overuse.Exceeded) { go reportExceeded(ctx, a.Publisher, e) }}
 		if svc.overUseInterval > 0 {
-			go detector.Run(ctx, svc.overUseInterval)
+			go wait.UntilWithContext(ctx, detector.Check, svc.overUseInterval)
 		}
 		// Resizes of the shares of this node's containers (docs/resize.md).
 		dyn, err := dynamic.NewForConfig(cfg)
@@ -352,7 +353,7 @@ func run(ctx context.Context, nodeName, namespace, kubeconfig, simulated string,
 				}()
 			}}
 		a.Publisher.Use = meter.Report
-		go meter.Run(ctx, heartbeat)
+		go wait.UntilWithContext(ctx, meter.Read, heartbeat)
 	}
 	if collector != nil {
 		// Served once the agent is wired: the probes read it.
