@@ -24,7 +24,7 @@ FUZZTIME ?= 60000x
 # Interleaved rounds of the throughput benchmark; task lists the simulator replays.
 ROUNDS   ?= 1
 TRACES   ?= default
-FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzParsePodRequest
+FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzDecodeUseReport FuzzParsePodRequest
 # make e2e-node: containerd and the test image are built here (from
 # test/e2e-node/tools, a module of its own); runc comes from the host.
 E2E_BIN  := $(CURDIR)/_output/e2e

@@ -56,6 +56,17 @@ func FuzzDecodeAssignment(f *testing.F) {
 	})
 }
 
+// FuzzDecodeUseReport: an agent's use report, as a compromised agent could
+// write it, decodes or is refused, never panics, and round-trips.
+func FuzzDecodeUseReport(f *testing.F) {
+	f.Add(`{"containers":[{"namespace":"a","pod":"p","uid":"u","container":"c","useMiB":900,"peakMiB":2100,"windowSeconds":1800}]}`)
+	f.Add(`{"containers":[{"namespace":"a","pod":"p","container":"c","useMiB":5,"peakMiB":4}]}`)
+	f.Add(`{"containers":null}`)
+	f.Fuzz(func(t *testing.T, raw string) {
+		checkRoundTrip(t, raw, gpuinfo.DecodeUseReport, (*gpuinfo.UseReport).Encode)
+	})
+}
+
 // FuzzParsePodRequest feeds arbitrary quantities and selector annotations to
 // the request parser: it must return a valid request or an error, never panic.
 func FuzzParsePodRequest(f *testing.F) {
