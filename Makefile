@@ -28,9 +28,15 @@ FUZZ_TARGETS := FuzzDecodeInventory FuzzDecodeAssignment FuzzDecodeUseReport Fuz
 # make e2e-node: containerd and the test image are built here (from
 # test/e2e-node/tools, a module of its own); runc comes from the host.
 E2E_BIN  := $(CURDIR)/_output/e2e
+# make test-kueue: Kueue's manager is built here (from test/kueue/tools). The
+# in-process API server reports component-base's version, unset in a test
+# binary ("v0.0.0-master+$Format:%H$"), which Kueue's manager cannot parse:
+# the Kueue tests' binary is given the Kubernetes version it is built with.
+KUEUE_BIN := $(CURDIR)/_output/kueue
+KUEUE_TEST_LDFLAGS := -X k8s.io/component-base/version.gitVersion=v1.37.2 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37
 CONTAINERD_TAGS := no_btrfs no_devmapper no_zfs
 
-.PHONY: all build release release-scheduler release-node-agent images chart demo test test-unit test-race fuzz test-monitoring test-helm e2e-node bench bench-throughput sim lint clean
+.PHONY: all build release release-scheduler release-node-agent images chart demo test test-unit test-race fuzz test-monitoring test-helm test-kueue e2e-node bench bench-throughput sim lint clean
 
 all: build
 
@@ -87,6 +93,16 @@ test-monitoring:
 ## test-helm: charts/tessera rendered with Helm's library against kustomize's output (test/helm, a module of its own)
 test-helm:
 	cd test/helm && $(GO) test -count=1 ./...
+
+## test-kueue: Tessera with a real Kueue (test/kueue, a module of its own): Kueue's manager, built from its
+## own module (test/kueue/tools) into _output/kueue, against the in-process control plane; needs root (the
+## manager reads a certificate under /etc/kueue). docs/queues.md
+test-kueue:
+	mkdir -p $(KUEUE_BIN)
+	cd test/kueue/tools && CGO_ENABLED=0 $(GO) build -o $(KUEUE_BIN)/kueue sigs.k8s.io/kueue/cmd/kueue
+	cd test/kueue && TESSERA_KUEUE_BIN=$(KUEUE_BIN)/kueue \
+		TESSERA_KUEUE_DIR=$$(cd tools && $(GO) list -m -f '{{.Dir}}' sigs.k8s.io/kueue) \
+		$(GO) test -count=1 -v -timeout=20m -ldflags='$(KUEUE_TEST_LDFLAGS)' ./...
 
 ## e2e-node: the node agent against a real containerd and runc (both built from their Go modules) with NRI;
 ## needs root and gcc (runc's nsenter is C). Builds them, ctr and the test image into _output/e2e.

@@ -1,0 +1,245 @@
+package kueue
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
+
+	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
+)
+
+// kueueKind is one of Kueue's kinds.
+type kueueKind struct {
+	kind     string
+	resource string
+}
+
+// Kueue's API (v1beta2) and the pod integration's names.
+var (
+	flavors       = kueueKind{"ResourceFlavor", "resourceflavors"}
+	clusterQueues = kueueKind{"ClusterQueue", "clusterqueues"}
+	localQueues   = kueueKind{"LocalQueue", "localqueues"}
+)
+
+const (
+	queueNameLabel = "kueue.x-k8s.io/queue-name"
+	admissionGate  = "kueue.x-k8s.io/admission"
+	// flavorLabel is the node label the test's ResourceFlavors select on.
+	flavorLabel = "tessera.io/test-flavor"
+)
+
+// startScheduler runs Tessera's scheduler, as its ServiceAccount, until the
+// test ends.
+func startScheduler(t *testing.T) {
+	t.Helper()
+	dir := t.TempDir()
+	kubeconfig, config := filepath.Join(dir, "kubeconfig"), filepath.Join(dir, "scheduler.yaml")
+	if err := controlPlane.WriteSchedulerKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.WriteSchedulerConfig(controlPlane.SchedulerConfig, kubeconfig, config); err != nil {
+		t.Fatal(err)
+	}
+	s, err := cluster.StartScheduler(t.Context(), config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+}
+
+// node adds a simulated node of L4 cards whose agent reports until the
+// test ends, labelled for a flavor.
+func node(t *testing.T, name, flavor string, cards int) {
+	t.Helper()
+	a, err := controlPlane.AddSimulatedNode(t.Context(), name, cluster.L4, cards, map[string]string{flavorLabel: flavor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = controlPlane.Client.CoreV1().Nodes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
+// create creates a Kueue object as the cluster's administrator, deleted when
+// the test ends.
+func create(t *testing.T, k kueueKind, namespace string, obj map[string]any) {
+	t.Helper()
+	gvr := schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: k.resource}
+	client := dynamic.NewForConfigOrDie(controlPlane.Config).Resource(gvr)
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(gvr.GroupVersion().String())
+	u.SetKind(k.kind)
+	var ri dynamic.ResourceInterface = client
+	if namespace != "" {
+		ri = client.Namespace(namespace)
+	}
+	created, err := ri.Create(t.Context(), u, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating %s %s: %v", k.kind, u.GetName(), err)
+	}
+	t.Cleanup(func() { _ = ri.Delete(context.Background(), created.GetName(), metav1.DeleteOptions{}) })
+}
+
+// queuedPod is a pod of queue asking for one L4 share.
+func queuedPod(ns, name, queue string, memoryMiB, cores int64) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{queueNameLabel: queue}},
+		Spec: v1.PodSpec{
+			SchedulerName: "tessera-binpack",
+			Containers: []v1.Container{{Name: "main", Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{
+				"tessera.io/gpu-memory": *resource.NewQuantity(memoryMiB, resource.DecimalSI),
+				"tessera.io/gpu-cores":  *resource.NewQuantity(cores, resource.DecimalSI),
+			}}}},
+		},
+	}
+}
+
+// waitFor polls cond until it holds, or fails the test after timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, timeout, true, func(context.Context) (bool, error) { return cond() }); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// gated reports whether the pod still carries Kueue's admission gate.
+func gated(p *v1.Pod) bool {
+	for _, g := range p.Spec.SchedulingGates {
+		if g.Name == admissionGate {
+			return true
+		}
+	}
+	return false
+}
+
+// checkCardsHold is the oracle: on every card of the namespace's pods, the
+// memory their assignments give is at most an L4's.
+func checkCardsHold(t *testing.T, ns string) {
+	t.Helper()
+	pods, err := controlPlane.Client.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[string]int64{}
+	for _, p := range pods.Items {
+		raw, ok := p.Annotations[gpuinfo.AssignmentAnnotation]
+		if !ok || p.DeletionTimestamp != nil {
+			continue
+		}
+		a, err := gpuinfo.DecodeAssignment(raw)
+		if err != nil {
+			t.Fatalf("pod %s: %v", p.Name, err)
+		}
+		for _, cards := range a.Containers {
+			for _, c := range cards {
+				held[c.UUID] += c.MemoryMiB
+			}
+		}
+	}
+	for uuid, mib := range held {
+		if mib > l4MiB {
+			t.Errorf("card %s: the pods' assignments give %d MiB of %d", uuid, mib, l4MiB)
+		}
+	}
+}
+
+// l4MiB is the memory of a simulated L4 card.
+const l4MiB = 23034
+
+// TestQuotaThenCards: Kueue admits against a ClusterQueue's quota of
+// Tessera's shares, Tessera places the admitted pods on the cards of the
+// admitted flavor's nodes. The quota (16000 MiB, 100 % compute) takes one
+// of two 10000 MiB pods; the other waits behind Kueue's gate — with room
+// for it on the cards — until the first leaves. Both are placed on the
+// flavor's node, never on a node of another flavor with free cards, and no
+// card holds more than it has.
+func TestQuotaThenCards(t *testing.T) {
+	ns := newNamespace(t)
+	flavor, other := ns+"-l4", ns+"-other"
+	node(t, ns+"-a", flavor, 1)
+	node(t, ns+"-b", other, 2)
+	startScheduler(t)
+	create(t, flavors, "", map[string]any{"metadata": map[string]any{"name": flavor},
+		"spec": map[string]any{"nodeLabels": map[string]any{flavorLabel: flavor}}})
+	create(t, clusterQueues, "", map[string]any{"metadata": map[string]any{"name": ns},
+		"spec": map[string]any{
+			"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}},
+			"resourceGroups": []any{map[string]any{
+				"coveredResources": []any{"tessera.io/gpu-memory", "tessera.io/gpu-cores"},
+				"flavors": []any{map[string]any{"name": flavor, "resources": []any{
+					map[string]any{"name": "tessera.io/gpu-memory", "nominalQuota": "16000"},
+					map[string]any{"name": "tessera.io/gpu-cores", "nominalQuota": "100"},
+				}}},
+			}},
+		}})
+	create(t, localQueues, ns, map[string]any{"metadata": map[string]any{"name": "team"}, "spec": map[string]any{"clusterQueue": ns}})
+
+	pods := controlPlane.Client.CoreV1().Pods(ns)
+	for _, name := range []string{"first", "second"} {
+		created, err := pods.Create(t.Context(), queuedPod(ns, name, "team", 10000, 30), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("creating %s: %v", name, err)
+		}
+		if !gated(created) {
+			t.Fatalf("pod %s was created without Kueue's admission gate: is Kueue's webhook called?", name)
+		}
+	}
+	var placed, waiting *v1.Pod
+	waitFor(t, time.Minute, "one pod admitted and placed", func() (bool, error) {
+		placed, waiting = nil, nil
+		for _, name := range []string{"first", "second"} {
+			p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			switch {
+			case p.Spec.NodeName != "":
+				placed = p
+			case gated(p):
+				waiting = p
+			}
+		}
+		return placed != nil && waiting != nil, nil
+	})
+	if placed.Spec.NodeName != ns+"-a" || placed.Spec.NodeSelector[flavorLabel] != flavor {
+		t.Errorf("pod %s placed on %s with node selector %v; want node %s-a, of flavor %s", placed.Name, placed.Spec.NodeName, placed.Spec.NodeSelector, ns, flavor)
+	}
+	if _, ok := placed.Annotations[gpuinfo.AssignmentAnnotation]; !ok {
+		t.Errorf("pod %s bound without Tessera's card assignment", placed.Name)
+	}
+	checkCardsHold(t, ns)
+
+	// The first leaves: its quota goes to the second.
+	if err := pods.Delete(t.Context(), placed.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, fmt.Sprintf("pod %s admitted and placed once %s left", waiting.Name, placed.Name), func() (bool, error) {
+		p, err := pods.Get(t.Context(), waiting.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		waiting = p
+		return p.Spec.NodeName != "", nil
+	})
+	if waiting.Spec.NodeName != ns+"-a" {
+		t.Errorf("pod %s placed on %s; want %s-a, of flavor %s", waiting.Name, waiting.Spec.NodeName, ns, flavor)
+	}
+	checkCardsHold(t, ns)
+}
