@@ -176,20 +176,9 @@ func TestQuotaThenCards(t *testing.T) {
 	node(t, ns+"-a", flavor, 1)
 	node(t, ns+"-b", other, 2)
 	startScheduler(t)
-	create(t, flavors, "", map[string]any{"metadata": map[string]any{"name": flavor},
-		"spec": map[string]any{"nodeLabels": map[string]any{flavorLabel: flavor}}})
-	create(t, clusterQueues, "", map[string]any{"metadata": map[string]any{"name": ns},
-		"spec": map[string]any{
-			"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}},
-			"resourceGroups": []any{map[string]any{
-				"coveredResources": []any{"tessera.io/gpu-memory", "tessera.io/gpu-cores"},
-				"flavors": []any{map[string]any{"name": flavor, "resources": []any{
-					map[string]any{"name": "tessera.io/gpu-memory", "nominalQuota": "16000"},
-					map[string]any{"name": "tessera.io/gpu-cores", "nominalQuota": "100"},
-				}}},
-			}},
-		}})
-	create(t, localQueues, ns, map[string]any{"metadata": map[string]any{"name": "team"}, "spec": map[string]any{"clusterQueue": ns}})
+	flavorOn(t, flavor)
+	clusterQueue(t, ns, ns, flavor, "", 16000, 100, nil)
+	localQueue(t, ns, "team", ns)
 
 	pods := controlPlane.Client.CoreV1().Pods(ns)
 	for _, name := range []string{"first", "second"} {
@@ -240,6 +229,167 @@ func TestQuotaThenCards(t *testing.T) {
 	})
 	if waiting.Spec.NodeName != ns+"-a" {
 		t.Errorf("pod %s placed on %s; want %s-a, of flavor %s", waiting.Name, waiting.Spec.NodeName, ns, flavor)
+	}
+	checkCardsHold(t, ns)
+}
+
+// clusterQueue is a ClusterQueue of the test's namespace with a quota of
+// L4 shares on flavor, in cohort when it is set; spec adds fields
+// (preemption).
+func clusterQueue(t *testing.T, ns, name, flavor, cohort string, memoryMiB, cores int64, spec map[string]any) {
+	t.Helper()
+	s := map[string]any{
+		"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}},
+		"resourceGroups": []any{map[string]any{
+			"coveredResources": []any{"tessera.io/gpu-memory", "tessera.io/gpu-cores"},
+			"flavors": []any{map[string]any{"name": flavor, "resources": []any{
+				map[string]any{"name": "tessera.io/gpu-memory", "nominalQuota": fmt.Sprint(memoryMiB)},
+				map[string]any{"name": "tessera.io/gpu-cores", "nominalQuota": fmt.Sprint(cores)},
+			}}},
+		}},
+	}
+	if cohort != "" {
+		s["cohortName"] = cohort
+	}
+	for k, v := range spec {
+		s[k] = v
+	}
+	create(t, clusterQueues, "", map[string]any{"metadata": map[string]any{"name": name}, "spec": s})
+}
+
+// flavorOn creates a ResourceFlavor selecting the nodes labelled for it.
+func flavorOn(t *testing.T, flavor string) {
+	t.Helper()
+	create(t, flavors, "", map[string]any{"metadata": map[string]any{"name": flavor},
+		"spec": map[string]any{"nodeLabels": map[string]any{flavorLabel: flavor}}})
+}
+
+// localQueue creates a LocalQueue of the namespace pointing at a
+// ClusterQueue.
+func localQueue(t *testing.T, ns, name, clusterQueue string) {
+	t.Helper()
+	create(t, localQueues, ns, map[string]any{"metadata": map[string]any{"name": name}, "spec": map[string]any{"clusterQueue": clusterQueue}})
+}
+
+// TestBorrowThenReclaim: two teams' ClusterQueues share a cohort, 10000 MiB
+// of L4 shares each, on one L4 card (23034 MiB). Team A's second pod borrows
+// team B's idle quota and Tessera places both of A's pods on the card; when
+// team B asks for its own, Kueue reclaims it — evicting one of A's pods —
+// and Tessera places B's pod in the room the eviction freed. The card never
+// holds more than it has.
+func TestBorrowThenReclaim(t *testing.T) {
+	ns := newNamespace(t)
+	flavor := ns + "-l4"
+	node(t, ns+"-a", flavor, 1)
+	startScheduler(t)
+	_, kubeletDone := cluster.StartKubelet(t.Context(), controlPlane.Client, ns)
+	t.Cleanup(func() { <-kubeletDone })
+	flavorOn(t, flavor)
+	cohort := ns + "-cohort"
+	clusterQueue(t, ns, ns+"-a", flavor, cohort, 10000, 100, nil)
+	clusterQueue(t, ns, ns+"-b", flavor, cohort, 10000, 100, map[string]any{
+		"preemption": map[string]any{"reclaimWithinCohort": "Any"}})
+	localQueue(t, ns, "team-a", ns+"-a")
+	localQueue(t, ns, "team-b", ns+"-b")
+
+	pods := controlPlane.Client.CoreV1().Pods(ns)
+	bound := func(names ...string) func() (bool, error) {
+		return func() (bool, error) {
+			for _, name := range names {
+				p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
+				if err != nil || p.Spec.NodeName == "" {
+					return false, nil
+				}
+			}
+			return true, nil
+		}
+	}
+	for _, name := range []string{"a-1", "a-2"} {
+		if _, err := pods.Create(t.Context(), queuedPod(ns, name, "team-a", 8000, 30), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 16000 MiB for team A: 6000 borrowed from team B's quota.
+	waitFor(t, time.Minute, "both of team A's pods admitted (one borrowing) and placed", bound("a-1", "a-2"))
+	checkCardsHold(t, ns)
+
+	if _, err := pods.Create(t.Context(), queuedPod(ns, "b-1", "team-b", 8000, 30), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "team B's pod admitted, reclaiming its quota, and placed", bound("b-1"))
+	left := 0
+	for _, name := range []string{"a-1", "a-2"} {
+		if p, err := pods.Get(t.Context(), name, metav1.GetOptions{}); err == nil && p.DeletionTimestamp == nil {
+			left++
+		}
+	}
+	if left != 1 {
+		t.Errorf("%d of team A's pods left running after the reclaim, want 1", left)
+	}
+	checkCardsHold(t, ns)
+}
+
+// TestPodGroupWhole: Kueue admits a pod group whole or not at all, and
+// Tessera places every pod of an admitted group. A group of two 12000 MiB
+// pods does not fit a 20000 MiB quota: neither is admitted, though one
+// would fit. A group of two 8000 MiB pods fits: both are placed.
+func TestPodGroupWhole(t *testing.T) {
+	ns := newNamespace(t)
+	flavor := ns + "-l4"
+	node(t, ns+"-a", flavor, 2)
+	startScheduler(t)
+	flavorOn(t, flavor)
+	clusterQueue(t, ns, ns, flavor, "", 20000, 200, nil)
+	localQueue(t, ns, "team", ns)
+	pods := controlPlane.Client.CoreV1().Pods(ns)
+	group := func(name string, memoryMiB int64) []string {
+		var names []string
+		for i := range 2 {
+			p := queuedPod(ns, fmt.Sprintf("%s-%d", name, i), "team", memoryMiB, 30)
+			p.Labels["kueue.x-k8s.io/pod-group-name"] = name
+			p.Annotations = map[string]string{"kueue.x-k8s.io/pod-group-total-count": "2"}
+			if _, err := pods.Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, p.Name)
+		}
+		return names
+	}
+	big := group("big", 12000)
+	small := group("small", 8000)
+	waitFor(t, time.Minute, "the small group placed whole", func() (bool, error) {
+		for _, name := range small {
+			p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil || p.Spec.NodeName == "" {
+				return false, err
+			}
+		}
+		return true, nil
+	})
+	// Kueue has looked at the big group and found no quota for it (its
+	// Workload, named after the group, is pending for quota).
+	workloads := dynamic.NewForConfigOrDie(controlPlane.Config).Resource(schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}).Namespace(ns)
+	waitFor(t, time.Minute, "the big group's Workload to be found without quota", func() (bool, error) {
+		w, err := workloads.Get(t.Context(), "big", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		conditions, _, _ := unstructured.NestedSlice(w.Object, "status", "conditions")
+		for _, c := range conditions {
+			if c, ok := c.(map[string]any); ok && c["type"] == "QuotaReserved" && c["status"] == "False" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	for _, name := range big {
+		p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Spec.NodeName != "" || !gated(p) {
+			t.Errorf("pod %s of the group that does not fit its quota: node %q, gated %v; want it gated, unplaced", name, p.Spec.NodeName, gated(p))
+		}
 	}
 	checkCardsHold(t, ns)
 }
