@@ -671,3 +671,28 @@ func TestResize(t *testing.T) {
 		t.Errorf("a resize of right-sizing: %v, output:\n%s", err, out)
 	}
 }
+
+// TestPodGated: a pod Kueue holds is said to wait for Kueue's admission,
+// not for cards; any other scheduling gate is named too.
+func TestPodGated(t *testing.T) {
+	if _, err := env.cp.Client.CoreV1().Namespaces().Create(t.Context(), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "queued"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gated := testPod("queued", "queued", nil, gpuContainer("main", map[string]int64{"gpu-memory": 4096}))
+	gated.Spec.SchedulingGates = []v1.PodSchedulingGate{{Name: "kueue.x-k8s.io/admission"}, {Name: "example.com/approval"}}
+	if _, err := env.cp.Client.CoreV1().Pods("queued").Create(t.Context(), gated, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := kubectlTessera(t, "pod", "queued", "-n", "queued")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Gated:       kueue.x-k8s.io/admission: waiting for Kueue to admit it (its queue's quota), not for cards\n",
+		"Gated:       example.com/approval: no scheduler considers the pod until it is removed\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -69,6 +69,9 @@ type PodStatus struct {
 	Assignment map[string][]AssignedCard `json:"assignment,omitempty"`
 	// Scheduled is the message of the pod's PodScheduled condition.
 	Scheduled string `json:"scheduled,omitempty"`
+	// Gates are, for a pending pod, its scheduling gates, each with what it
+	// waits for: no scheduler considers the pod until they are removed.
+	Gates []string `json:"gates,omitempty"`
 	// Nominated is, for a pending pod, the node preemption made room on.
 	Nominated string `json:"nominated,omitempty"`
 	// Victims are, for a nominated pod, the lower-priority pods the

@@ -80,6 +80,7 @@ func runPod(ctx context.Context, g *globals, client kubernetes.Interface, ns, na
 	finished := pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
 	if pod.Spec.NodeName == "" && !finished {
 		out.Nominated = pod.Status.NominatedNodeName
+		out.Gates = gates(pod)
 		var problems []error
 		if out.Victims, err = victims(ctx, client, pod); err != nil {
 			problems = append(problems, err)
@@ -204,6 +205,9 @@ func printPod(w io.Writer, pod *v1.Pod, s PodStatus, assignmentErr error) error 
 		status = "Terminating"
 	}
 	fmt.Fprintf(w, "Status:      %s\n", status)
+	for _, g := range s.Gates {
+		fmt.Fprintf(w, "Gated:       %s\n", g)
+	}
 	if s.Node != "" {
 		fmt.Fprintf(w, "Node:        %s\n", s.Node)
 	} else if s.Nominated != "" {
@@ -278,6 +282,23 @@ func printPod(w io.Writer, pod *v1.Pod, s PodStatus, assignmentErr error) error 
 		fmt.Fprintln(w, "GPU nodes now: none (no node carries a GPU inventory)")
 	}
 	return nil
+}
+
+// kueueAdmissionGate is the scheduling gate Kueue holds a pod with until
+// its workload is admitted (docs/queues.md).
+const kueueAdmissionGate = "kueue.x-k8s.io/admission"
+
+// gates are the pod's scheduling gates, each with what it waits for.
+func gates(pod *v1.Pod) []string {
+	var out []string
+	for _, g := range pod.Spec.SchedulingGates {
+		what := "no scheduler considers the pod until it is removed"
+		if g.Name == kueueAdmissionGate {
+			what = "waiting for Kueue to admit it (its queue's quota), not for cards"
+		}
+		out = append(out, g.Name+": "+what)
+	}
+	return out
 }
 
 // scheduledMessage is the message of the pod's PodScheduled condition.
