@@ -311,7 +311,7 @@ func TestMonitoringRenders(t *testing.T) {
 // (>-) block scalar with more-indented lines, which the YAML encoder writes
 // back with an extra line break: write those as literal (|-) blocks.
 func TestRenderingKeepsValues(t *testing.T) {
-	for _, dir := range []string{Base, "overlays/dra", "overlays/hami-names", "overlays/gang-scheduling", "overlays/dynamic-mig", "monitoring"} {
+	for _, dir := range []string{Base, "overlays/dra", "overlays/hami-names", "overlays/gang-scheduling", "overlays/dynamic-mig", "overlays/kueue", "monitoring"} {
 		nodes, err := RenderNodes(manifests.FS, dir)
 		if err != nil {
 			t.Fatal(err)

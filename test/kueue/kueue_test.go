@@ -17,6 +17,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/tessera-gpu/tessera/internal/cluster"
+	"github.com/tessera-gpu/tessera/internal/install"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -59,11 +60,11 @@ func startScheduler(t *testing.T) {
 	t.Cleanup(s.Stop)
 }
 
-// node adds a simulated node of L4 cards whose agent reports until the
-// test ends, labelled for a flavor.
-func node(t *testing.T, name, flavor string, cards int) {
+// node adds a simulated node of L4 cards with labels, whose agent reports
+// until the test ends.
+func node(t *testing.T, name string, labels map[string]string, cards int) {
 	t.Helper()
-	a, err := controlPlane.AddSimulatedNode(t.Context(), name, cluster.L4, cards, map[string]string{flavorLabel: flavor})
+	a, err := controlPlane.AddSimulatedNode(t.Context(), name, cluster.L4, cards, labels)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,8 +174,8 @@ const l4MiB = 23034
 func TestQuotaThenCards(t *testing.T) {
 	ns := newNamespace(t)
 	flavor, other := ns+"-l4", ns+"-other"
-	node(t, ns+"-a", flavor, 1)
-	node(t, ns+"-b", other, 2)
+	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, 1)
+	node(t, ns+"-b", map[string]string{flavorLabel: other}, 2)
 	startScheduler(t)
 	flavorOn(t, flavor)
 	clusterQueue(t, ns, ns, flavor, "", 16000, 100, nil)
@@ -280,7 +281,7 @@ func localQueue(t *testing.T, ns, name, clusterQueue string) {
 func TestBorrowThenReclaim(t *testing.T) {
 	ns := newNamespace(t)
 	flavor := ns + "-l4"
-	node(t, ns+"-a", flavor, 1)
+	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, 1)
 	startScheduler(t)
 	_, kubeletDone := cluster.StartKubelet(t.Context(), controlPlane.Client, ns)
 	t.Cleanup(func() { <-kubeletDone })
@@ -336,7 +337,7 @@ func TestBorrowThenReclaim(t *testing.T) {
 func TestPodGroupWhole(t *testing.T) {
 	ns := newNamespace(t)
 	flavor := ns + "-l4"
-	node(t, ns+"-a", flavor, 2)
+	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, 2)
 	startScheduler(t)
 	flavorOn(t, flavor)
 	clusterQueue(t, ns, ns, flavor, "", 20000, 200, nil)
@@ -392,4 +393,53 @@ func TestPodGroupWhole(t *testing.T) {
 		}
 	}
 	checkCardsHold(t, ns)
+}
+
+// TestOverlayQueues: the example queues of manifests/overlays/kueue install
+// (Kueue's webhooks accept them) and work: a pod of team-a's LocalQueue is
+// admitted on the L4 flavor and placed by Tessera on the node GPU Feature
+// Discovery's label names as an L4.
+func TestOverlayQueues(t *testing.T) {
+	objs, err := install.Render("overlays/kueue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var queues []*unstructured.Unstructured
+	for _, o := range objs {
+		if o.GroupVersionKind().Group == "kueue.x-k8s.io" {
+			queues = append(queues, o)
+		}
+	}
+	if len(queues) == 0 {
+		t.Fatal("the overlay has no Kueue objects")
+	}
+	for _, ns := range []string{"team-a", "team-b"} {
+		if _, err := controlPlane.Client.CoreV1().Namespaces().Create(t.Context(), &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			Name: ns, Labels: map[string]string{managedLabel: "true"}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := install.Apply(t.Context(), controlPlane.Config, queues); err != nil {
+		t.Fatalf("installing the overlay's queues: %v", err)
+	}
+	node(t, "overlay-l4", map[string]string{"nvidia.com/gpu.product": "NVIDIA-L4"}, 1)
+	node(t, "overlay-unlabelled", nil, 1)
+	startScheduler(t)
+	pods := controlPlane.Client.CoreV1().Pods("team-a")
+	if _, err := pods.Create(t.Context(), queuedPod("team-a", "inference", "gpu", 10000, 30), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var placed *v1.Pod
+	waitFor(t, time.Minute, "team-a's pod admitted and placed", func() (bool, error) {
+		p, err := pods.Get(t.Context(), "inference", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		placed = p
+		return p.Spec.NodeName != "", nil
+	})
+	if placed.Spec.NodeName != "overlay-l4" || placed.Spec.NodeSelector["nvidia.com/gpu.product"] != "NVIDIA-L4" {
+		t.Errorf("placed on %s with node selector %v; want overlay-l4, selected by the nvidia-l4 flavor", placed.Spec.NodeName, placed.Spec.NodeSelector)
+	}
+	checkCardsHold(t, "team-a")
 }
