@@ -43,6 +43,9 @@ const (
 	// PolicySchedulerName is the MutatingAdmissionPolicy that sets the
 	// profile of a labelled namespace on its GPU pods.
 	PolicySchedulerName = "tessera-scheduler-name"
+	// PolicyGPUMemoryTotal is the MutatingAdmissionPolicy that gives each
+	// container asking GPU memory per card its total, for quotas.
+	PolicyGPUMemoryTotal = "tessera-gpu-memory-total"
 )
 
 // WaitServed waits until the API server serves the resources of the

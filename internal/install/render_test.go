@@ -86,6 +86,8 @@ func TestBaseRenders(t *testing.T) {
 		"DeviceClass /mig.tessera.io",
 		"MutatingAdmissionPolicy /" + PolicySchedulerName,
 		"MutatingAdmissionPolicyBinding /" + PolicySchedulerName,
+		"MutatingAdmissionPolicy /" + PolicyGPUMemoryTotal,
+		"MutatingAdmissionPolicyBinding /" + PolicyGPUMemoryTotal,
 	}
 	for _, p := range []string{PolicyGPUAssignment, PolicyGPUPodsBoundByTessera, PolicyGPUInventory, PolicyAgentLeases, PolicyAgentPodStatus, PolicyDRASlices, PolicyCDIAnnotations, PolicyHighPriority, PolicyResizeStatus, PolicySchedulerPodUpdates} {
 		want = append(want, "ValidatingAdmissionPolicy /"+p, "ValidatingAdmissionPolicyBinding /"+p)
@@ -219,7 +221,10 @@ func TestResourceNamesAgree(t *testing.T) {
 						}
 					}
 				}
-				if diff := cmp.Diff(list(tc.want)[1:], got); diff != "" {
+				// Quotas' total of a container's GPU memory is no node's
+				// resource either (the policy tessera-gpu-memory-total).
+				want := append(list(tc.want)[1:], gpuinfo.Domain+"/gpu-memory-total")
+				if diff := cmp.Diff(want, got); diff != "" {
 					t.Errorf("profile %s: NodeResourcesFit's ignoredResources (-want,+got):\n%s", profile["schedulerName"], diff)
 				}
 			}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	authorizationv1 "k8s.io/api/authorization/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
@@ -703,5 +705,96 @@ func TestSchedulerNamePolicy(t *testing.T) {
 				t.Errorf("schedulerName %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestGPUMemoryTotalPolicy: every container asking GPU memory per card gets
+// its total (memory × cards) in its requests and limits, from the API server
+// (the MutatingAdmissionPolicy tessera-gpu-memory-total), whatever total
+// its author wrote; a container asking in percent of a card gets none. A
+// ResourceQuota on the total then refuses a 4-card pod that the per-card
+// figure would let through.
+func TestGPUMemoryTotalPolicy(t *testing.T) {
+	e := newEnv(t)
+	ns := e.editableNamespaces("-quota", nil, "alice")
+	alice := clientAs(t, "alice")
+	total := gpuinfo.Domain + "/gpu-memory-total"
+	pod := func(containers ...v1.Container) *v1.Pod {
+		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "quota-probe", Namespace: ns.Name},
+			Spec: v1.PodSpec{SchedulerName: "tessera-binpack", Containers: containers}}
+	}
+	container := func(name string, limits map[string]int64) v1.Container {
+		c := v1.Container{Name: name, Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{}}}
+		for r, v := range limits {
+			c.Resources.Limits[v1.ResourceName(r)] = *resource.NewQuantity(v, resource.DecimalSI)
+		}
+		return c
+	}
+	totals := func(p *v1.Pod) map[string][2]int64 {
+		out := map[string][2]int64{}
+		for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+			l, lok := c.Resources.Limits[v1.ResourceName(total)]
+			r, rok := c.Resources.Requests[v1.ResourceName(total)]
+			if lok || rok {
+				out[c.Name] = [2]int64{r.Value(), l.Value()}
+			}
+		}
+		return out
+	}
+	create := func(p *v1.Pod, dryRun bool) (*v1.Pod, error) {
+		opts := metav1.CreateOptions{}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		return alice.CoreV1().Pods(ns.Name).Create(e.tCtx, p, opts)
+	}
+	training := container("train", map[string]int64{"tessera.io/gpu": 4, "tessera.io/gpu-memory": 10000})
+	// The API server loads policies asynchronously.
+	e.waitFor(30*time.Second, "the policy to count the total", func() (bool, error) {
+		got, err := create(pod(training), true)
+		return err == nil && len(totals(got)) == 1, err
+	})
+	forged := container("forged", map[string]int64{"tessera.io/gpu": 2, "tessera.io/gpu-memory": 8000, total: 1})
+	forged.Resources.Requests = v1.ResourceList{v1.ResourceName(total): resource.MustParse("1")}
+	init := container("warmup", map[string]int64{"tessera.io/gpu": 2, "tessera.io/gpu-memory": 2000})
+	p := pod(training, container("one-card", map[string]int64{"tessera.io/gpu-memory": 5000}),
+		container("percent", map[string]int64{"tessera.io/gpu-memory-percent": 50}), container("cpu-only", nil), forged)
+	p.Spec.InitContainers = []v1.Container{init}
+	got, err := create(p, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]int64{"train": {40000, 40000}, "one-card": {5000, 5000}, "forged": {16000, 16000}, "warmup": {4000, 4000}}
+	if diff := cmp.Diff(want, totals(got)); diff != "" {
+		t.Errorf("totals, container: {request, limit} (-want,+got):\n%s", diff)
+	}
+
+	// A quota of 30000 MiB in total: the 4-card pod (10000 MiB per card,
+	// 40000 in all) is refused; a 2-card one (20000) is not.
+	hard := v1.ResourceList{v1.ResourceName("requests." + total): resource.MustParse("30000")}
+	quota, err := e.client.CoreV1().ResourceQuotas(ns.Name).Create(e.tCtx, &v1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "gpu-memory"}, Spec: v1.ResourceQuotaSpec{Hard: hard},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The quota controller's first sync (no controller manager runs here):
+	// the API server's quota admission enforces a quota once it has a status.
+	quota.Status = v1.ResourceQuotaStatus{Hard: hard, Used: v1.ResourceList{v1.ResourceName("requests." + total): resource.MustParse("0")}}
+	if _, err := e.client.CoreV1().ResourceQuotas(ns.Name).UpdateStatus(e.tCtx, quota, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(30*time.Second, "the quota to refuse the 4-card pod", func() (bool, error) {
+		_, err := create(pod(training), false)
+		if err == nil {
+			return false, alice.CoreV1().Pods(ns.Name).Delete(e.tCtx, "quota-probe", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		}
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exceeded quota") {
+			return false, err
+		}
+		return true, nil
+	})
+	if _, err := create(pod(container("train", map[string]int64{"tessera.io/gpu": 2, "tessera.io/gpu-memory": 10000})), false); err != nil {
+		t.Errorf("a 2-card pod within the quota: %v", err)
 	}
 }
