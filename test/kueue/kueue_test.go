@@ -112,6 +112,13 @@ func queuedPod(ns, name, queue string, memoryMiB, cores int64) *v1.Pod {
 	}
 }
 
+// multiCardPod is queuedPod on cards cards.
+func multiCardPod(ns, name, queue string, cards, memoryMiB, cores int64) *v1.Pod {
+	p := queuedPod(ns, name, queue, memoryMiB, cores)
+	p.Spec.Containers[0].Resources.Limits["tessera.io/gpu"] = *resource.NewQuantity(cards, resource.DecimalSI)
+	return p
+}
+
 // waitFor polls cond until it holds, or fails the test after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
@@ -235,16 +242,21 @@ func TestQuotaThenCards(t *testing.T) {
 }
 
 // clusterQueue is a ClusterQueue of the test's namespace with a quota of
-// L4 shares on flavor, in cohort when it is set; spec adds fields
-// (preemption).
+// L4 shares on flavor — memoryMiB in total (tessera.io/gpu-memory-total,
+// which the policy tessera-gpu-memory-total gives every container asking
+// memory per card), cards and compute — in cohort when it is set; spec
+// adds fields (preemption).
 func clusterQueue(t *testing.T, ns, name, flavor, cohort string, memoryMiB, cores int64, spec map[string]any) {
 	t.Helper()
 	s := map[string]any{
 		"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": ns}},
 		"resourceGroups": []any{map[string]any{
-			"coveredResources": []any{"tessera.io/gpu-memory", "tessera.io/gpu-cores"},
+			"coveredResources": []any{"tessera.io/gpu", "tessera.io/gpu-memory", "tessera.io/gpu-memory-total", "tessera.io/gpu-cores"},
 			"flavors": []any{map[string]any{"name": flavor, "resources": []any{
-				map[string]any{"name": "tessera.io/gpu-memory", "nominalQuota": fmt.Sprint(memoryMiB)},
+				map[string]any{"name": "tessera.io/gpu", "nominalQuota": "64"},
+				// Per card: the total is the quota.
+				map[string]any{"name": "tessera.io/gpu-memory", "nominalQuota": "1048576"},
+				map[string]any{"name": "tessera.io/gpu-memory-total", "nominalQuota": fmt.Sprint(memoryMiB)},
 				map[string]any{"name": "tessera.io/gpu-cores", "nominalQuota": fmt.Sprint(cores)},
 			}}},
 		}},
@@ -442,4 +454,71 @@ func TestOverlayQueues(t *testing.T) {
 		t.Errorf("placed on %s with node selector %v; want overlay-l4, selected by the nvidia-l4 flavor", placed.Spec.NodeName, placed.Spec.NodeSelector)
 	}
 	checkCardsHold(t, "team-a")
+}
+
+// TestQuotaCountsTotal: Kueue counts a multi-card pod by the GPU memory it
+// holds on all its cards (tessera.io/gpu-memory-total), not by the per-card
+// figure of its spec. With 24000 MiB of quota, a 2-card pod of 10000 MiB a
+// card (20000 in all) is admitted and placed on two cards; a second one
+// waits, though its 10000 per card would fit the quota.
+func TestQuotaCountsTotal(t *testing.T) {
+	ns := newNamespace(t)
+	flavor := ns + "-l4"
+	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, 4)
+	startScheduler(t)
+	flavorOn(t, flavor)
+	clusterQueue(t, ns, ns, flavor, "", 24000, 400, nil)
+	localQueue(t, ns, "team", ns)
+	pods := controlPlane.Client.CoreV1().Pods(ns)
+	for _, name := range []string{"first", "second"} {
+		if _, err := pods.Create(t.Context(), multiCardPod(ns, name, "team", 2, 10000, 30), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var placed, waiting *v1.Pod
+	waitFor(t, time.Minute, "one 2-card pod admitted and placed, the other held", func() (bool, error) {
+		placed, waiting = nil, nil
+		for _, name := range []string{"first", "second"} {
+			p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			switch {
+			case p.Spec.NodeName != "":
+				placed = p
+			case gated(p):
+				waiting = p
+			}
+		}
+		return placed != nil && waiting != nil, nil
+	})
+	a, err := gpuinfo.DecodeAssignment(placed.Annotations[gpuinfo.AssignmentAnnotation])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cards := a.Containers["main"]; len(cards) != 2 || cards[0].Index == cards[1].Index {
+		t.Errorf("the admitted pod holds %+v, want two cards", cards)
+	}
+	// Kueue found no quota for the second: held, not merely not yet looked at.
+	workloads := dynamic.NewForConfigOrDie(controlPlane.Config).Resource(schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}).Namespace(ns)
+	waitFor(t, time.Minute, "the second pod's Workload to be found without quota", func() (bool, error) {
+		list, err := workloads.List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, w := range list.Items {
+			owners := w.GetOwnerReferences()
+			if len(owners) == 0 || owners[0].Name != waiting.Name {
+				continue
+			}
+			conditions, _, _ := unstructured.NestedSlice(w.Object, "status", "conditions")
+			for _, c := range conditions {
+				if c, ok := c.(map[string]any); ok && c["type"] == "QuotaReserved" && c["status"] == "False" {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+	checkCardsHold(t, ns)
 }
