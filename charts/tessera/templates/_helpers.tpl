@@ -81,7 +81,7 @@ profiles:
           # scheduler holds pods to the same count (GPUShare's Filter checks
           # it in NodeResourcesFit's stead, the same comparison without the
           # per-node matching of resource names).
-          ignoredResources: [nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores]
+          ignoredResources: [nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores, tessera.io/gpu-memory-total]
           # Pack CPU and memory too, rather than kube-scheduler's default of
           # spreading them, which would pull pods away from busy GPU nodes.
           scoringStrategy:
@@ -121,7 +121,7 @@ profiles:
             cores: nvidia.com/gpucores
       - name: NodeResourcesFit
         args:
-          ignoredResources: [nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores]
+          ignoredResources: [nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores, tessera.io/gpu-memory-total]
 {{- end }}
 {{- if has "tessera-fragmentation-aware" $.Values.scheduler.profiles }}
   # Places each pod where it leaves the least GPU unusable by the requests
@@ -165,7 +165,7 @@ profiles:
             cores: nvidia.com/gpucores
       - name: NodeResourcesFit
         args:
-          ignoredResources: [nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores]
+          ignoredResources: [nvidia.com/gpumem, nvidia.com/gpumem-percentage, nvidia.com/gpucores, tessera.io/gpu-memory-total]
 {{- end }}
 {{- else -}}
 # Tessera's kube-scheduler configuration: three profiles that differ only in
@@ -233,7 +233,7 @@ profiles:
           # scheduler holds pods to the same count (GPUShare's Filter checks
           # it in NodeResourcesFit's stead, the same comparison without the
           # per-node matching of resource names).
-          ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores]
+          ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores, tessera.io/gpu-memory-total]
           # Pack CPU and memory too, rather than kube-scheduler's default of
           # spreading them, which would pull pods away from busy GPU nodes.
           scoringStrategy:
@@ -268,7 +268,7 @@ profiles:
           agentNamespace: {{ $.Values.namespace.name }}
       - name: NodeResourcesFit
         args:
-          ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores]
+          ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores, tessera.io/gpu-memory-total]
 {{- end }}
 {{- if has "tessera-fragmentation-aware" $.Values.scheduler.profiles }}
   # Places each pod where it leaves the least GPU unusable by the requests
@@ -307,7 +307,7 @@ profiles:
           agentNamespace: {{ $.Values.namespace.name }}
       - name: NodeResourcesFit
         args:
-          ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores]
+          ignoredResources: [tessera.io/gpu-memory, tessera.io/gpu-memory-percent, tessera.io/gpu-cores, tessera.io/gpu-memory-total]
 {{- end }}
 {{- end }}
 {{- end }}
