@@ -769,6 +769,16 @@ func TestGPUMemoryTotalPolicy(t *testing.T) {
 		t.Errorf("totals, container: {request, limit} (-want,+got):\n%s", diff)
 	}
 
+	// Memory in requests alone (no limits) would escape the policy, which
+	// reads limits: the API server refuses it (extended resources must be
+	// limited).
+	requestsOnly := container("requests-only", nil)
+	requestsOnly.Resources = v1.ResourceRequirements{Requests: v1.ResourceList{
+		"tessera.io/gpu": resource.MustParse("4"), "tessera.io/gpu-memory": resource.MustParse("10000")}}
+	if got, err := create(pod(requestsOnly), true); err == nil {
+		t.Errorf("a container asking GPU memory in requests alone was created, with totals %v", totals(got))
+	}
+
 	// A quota of 30000 MiB in total: the 4-card pod (10000 MiB per card,
 	// 40000 in all) is refused; a 2-card one (20000) is not.
 	hard := v1.ResourceList{v1.ResourceName("requests." + total): resource.MustParse("30000")}
