@@ -137,6 +137,56 @@ func gated(p *v1.Pod) bool {
 	return false
 }
 
+// oneAdmitted waits until one of the two pods is placed while Kueue holds
+// the other behind its gate, and returns them.
+func oneAdmitted(t *testing.T, ns string, names ...string) (placed, waiting *v1.Pod) {
+	t.Helper()
+	pods := controlPlane.Client.CoreV1().Pods(ns)
+	waitFor(t, time.Minute, "one pod admitted and placed, the other held", func() (bool, error) {
+		placed, waiting = nil, nil
+		for _, name := range names {
+			p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			switch {
+			case p.Spec.NodeName != "":
+				placed = p
+			case gated(p):
+				waiting = p
+			}
+		}
+		return placed != nil && waiting != nil, nil
+	})
+	return placed, waiting
+}
+
+// waitNoQuota waits until Kueue has found no quota for a Workload of ns
+// that match picks (its QuotaReserved condition False): it was looked at
+// and held, not merely not looked at yet.
+func waitNoQuota(t *testing.T, ns, what string, match func(*unstructured.Unstructured) bool) {
+	t.Helper()
+	workloads := dynamic.NewForConfigOrDie(controlPlane.Config).Resource(schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}).Namespace(ns)
+	waitFor(t, time.Minute, "Kueue to find no quota for "+what, func() (bool, error) {
+		list, err := workloads.List(t.Context(), metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for i := range list.Items {
+			if !match(&list.Items[i]) {
+				continue
+			}
+			conditions, _, _ := unstructured.NestedSlice(list.Items[i].Object, "status", "conditions")
+			for _, c := range conditions {
+				if c, ok := c.(map[string]any); ok && c["type"] == "QuotaReserved" && c["status"] == "False" {
+					return true, nil
+				}
+			}
+		}
+		return false, nil
+	})
+}
+
 // checkCardsHold is the oracle: on every card of the namespace's pods, the
 // memory their assignments give is at most an L4's.
 func checkCardsHold(t *testing.T, ns string) {
@@ -198,23 +248,7 @@ func TestQuotaThenCards(t *testing.T) {
 			t.Fatalf("pod %s was created without Kueue's admission gate: is Kueue's webhook called?", name)
 		}
 	}
-	var placed, waiting *v1.Pod
-	waitFor(t, time.Minute, "one pod admitted and placed", func() (bool, error) {
-		placed, waiting = nil, nil
-		for _, name := range []string{"first", "second"} {
-			p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			switch {
-			case p.Spec.NodeName != "":
-				placed = p
-			case gated(p):
-				waiting = p
-			}
-		}
-		return placed != nil && waiting != nil, nil
-	})
+	placed, waiting := oneAdmitted(t, ns, "first", "second")
 	if placed.Spec.NodeName != ns+"-a" || placed.Spec.NodeSelector[flavorLabel] != flavor {
 		t.Errorf("pod %s placed on %s with node selector %v; want node %s-a, of flavor %s", placed.Name, placed.Spec.NodeName, placed.Spec.NodeSelector, ns, flavor)
 	}
@@ -380,21 +414,8 @@ func TestPodGroupWhole(t *testing.T) {
 		return true, nil
 	})
 	// Kueue has looked at the big group and found no quota for it (its
-	// Workload, named after the group, is pending for quota).
-	workloads := dynamic.NewForConfigOrDie(controlPlane.Config).Resource(schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}).Namespace(ns)
-	waitFor(t, time.Minute, "the big group's Workload to be found without quota", func() (bool, error) {
-		w, err := workloads.Get(t.Context(), "big", metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		conditions, _, _ := unstructured.NestedSlice(w.Object, "status", "conditions")
-		for _, c := range conditions {
-			if c, ok := c.(map[string]any); ok && c["type"] == "QuotaReserved" && c["status"] == "False" {
-				return true, nil
-			}
-		}
-		return false, nil
-	})
+	// Workload is named after the group).
+	waitNoQuota(t, ns, "the big group", func(w *unstructured.Unstructured) bool { return w.GetName() == "big" })
 	for _, name := range big {
 		p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
 		if err != nil {
@@ -475,23 +496,7 @@ func TestQuotaCountsTotal(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var placed, waiting *v1.Pod
-	waitFor(t, time.Minute, "one 2-card pod admitted and placed, the other held", func() (bool, error) {
-		placed, waiting = nil, nil
-		for _, name := range []string{"first", "second"} {
-			p, err := pods.Get(t.Context(), name, metav1.GetOptions{})
-			if err != nil {
-				return false, err
-			}
-			switch {
-			case p.Spec.NodeName != "":
-				placed = p
-			case gated(p):
-				waiting = p
-			}
-		}
-		return placed != nil && waiting != nil, nil
-	})
+	placed, waiting := oneAdmitted(t, ns, "first", "second")
 	a, err := gpuinfo.DecodeAssignment(placed.Annotations[gpuinfo.AssignmentAnnotation])
 	if err != nil {
 		t.Fatal(err)
@@ -500,25 +505,9 @@ func TestQuotaCountsTotal(t *testing.T) {
 		t.Errorf("the admitted pod holds %+v, want two cards", cards)
 	}
 	// Kueue found no quota for the second: held, not merely not yet looked at.
-	workloads := dynamic.NewForConfigOrDie(controlPlane.Config).Resource(schema.GroupVersionResource{Group: "kueue.x-k8s.io", Version: "v1beta2", Resource: "workloads"}).Namespace(ns)
-	waitFor(t, time.Minute, "the second pod's Workload to be found without quota", func() (bool, error) {
-		list, err := workloads.List(t.Context(), metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, w := range list.Items {
-			owners := w.GetOwnerReferences()
-			if len(owners) == 0 || owners[0].Name != waiting.Name {
-				continue
-			}
-			conditions, _, _ := unstructured.NestedSlice(w.Object, "status", "conditions")
-			for _, c := range conditions {
-				if c, ok := c.(map[string]any); ok && c["type"] == "QuotaReserved" && c["status"] == "False" {
-					return true, nil
-				}
-			}
-		}
-		return false, nil
+	waitNoQuota(t, ns, "pod "+waiting.Name, func(w *unstructured.Unstructured) bool {
+		owners := w.GetOwnerReferences()
+		return len(owners) > 0 && owners[0].Name == waiting.Name
 	})
 	checkCardsHold(t, ns)
 }
