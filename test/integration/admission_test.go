@@ -719,10 +719,15 @@ func TestGPUMemoryTotalPolicy(t *testing.T) {
 	ns := e.editableNamespaces("-quota", nil, "alice")
 	alice := clientAs(t, "alice")
 	total := gpuinfo.Domain + "/gpu-memory-total"
+	// Pods no scheduler serves: they must not be placed on another test's
+	// nodes after this test.
 	pod := func(containers ...v1.Container) *v1.Pod {
 		return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "quota-probe", Namespace: ns.Name},
-			Spec: v1.PodSpec{SchedulerName: "tessera-binpack", Containers: containers}}
+			Spec: v1.PodSpec{SchedulerName: "no-scheduler", Containers: containers}}
 	}
+	t.Cleanup(func() {
+		_ = e.client.CoreV1().Pods(ns.Name).DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
+	})
 	container := func(name string, limits map[string]int64) v1.Container {
 		c := v1.Container{Name: name, Image: "busybox", Resources: v1.ResourceRequirements{Limits: v1.ResourceList{}}}
 		for r, v := range limits {
