@@ -4,6 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
+	tt "github.com/tessera-gpu/tessera/internal/testutil"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
 )
 
@@ -72,5 +75,14 @@ func TestDue(t *testing.T) {
 				t.Errorf("due = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestMetricsDocumented: the controller's metrics are those
+// docs/observability.md lists.
+func TestMetricsDocumented(t *testing.T) {
+	got := []string{rightSizeDecisions.Name}
+	if diff := cmp.Diff(tt.DocumentedMetrics(t, "Resize controller metrics"), got); diff != "" {
+		t.Errorf("exported metrics (-documented,+exported):\n%s", diff)
 	}
 }
