@@ -57,6 +57,10 @@ type fragment struct {
 	capacity Usage
 	matches  [MaxShapes]bool
 	needs    [MaxShapes]Usage
+	// takes is the GPU, in per mille of a card, one request of each shape
+	// takes on cards of the kind: what stays free is more than its CPU can
+	// reach when the node's CPU runs out first.
+	takes [MaxShapes]int64
 	// fitting has bit k set on card i when shape k fits it now.
 	fitting []uint64
 }
@@ -81,6 +85,7 @@ func (f *fragment) matchCard(w *Workload, card *Card) {
 		nd, ok := need(&w.Shapes[k].Container, card)
 		f.matches[k] = f.matches[k] && ok
 		f.needs[k] = nd
+		f.takes[k] = int64(w.Shapes[k].Container.Count) * (1000 - freePermille(card.Capacity.sub(nd), card.Capacity))
 	}
 }
 
@@ -193,11 +198,21 @@ func (f *fragment) delta(w *Workload, cards []Card, i int, before, after Usage) 
 }
 
 // term is shape k's fragment: all the free GPU when the shape does not fit
-// the node, else the free GPU on cards too small for it.
+// the node, else the free GPU on cards too small for it. For a share shape
+// it is also at least the free GPU beyond what as many of its requests as
+// the node's free CPU holds would take: a CPU-bound node strands GPU however
+// well its cards fit. Whole-card shapes keep the free-card measure, which
+// keeps whole cards whole for the multi-card demand.
 func (f *fragment) term(w *Workload, k int, total int64, usable int, unused int64) int64 {
 	s := &w.Shapes[k]
 	if f.cpuFree < s.CPUMilli || usable < s.Container.Count {
 		return total
+	}
+	if s.CPUMilli > 0 && f.takes[k] > 0 && !s.Container.Exclusive() {
+		// Compared before multiplying: free CPU may be unbounded.
+		if reach := f.cpuFree / s.CPUMilli; reach < total/f.takes[k] {
+			return max(unused, total-reach*f.takes[k])
+		}
 	}
 	return unused
 }

@@ -118,21 +118,31 @@ func TestFragmentationAwareFitsLikeBinpack(t *testing.T) {
 
 func TestPlaceWithoutGPU(t *testing.T) {
 	cards, _ := fourCards()
-	used := usedPct(50, 100, 100, 100)
-	w := only(pct(50), 4000)
+	halfCards := only(pct(50), 4000)
+	wholeCards := only(gpuinfo.ContainerRequest{Count: 1, Cores: gpuinfo.FullCores}, 4000)
 	tests := []struct {
 		name          string
+		used          []allocator.Usage
+		workload      *allocator.Workload
 		cpuFree, take int64
 		want          float64
 	}{
-		{"CPU left for the workload", 8000, 1000, 0},
+		{"CPU left for the workload", usedPct(50, 100, 100, 100), halfCards, 8000, 1000, 0},
 		// Below 4000 m the half-card requests cannot land: card 0's free half
 		// is stranded.
-		{"CPU exhausted strands the free GPU", 4500, 1000, 500},
+		{"CPU exhausted strands the free GPU", usedPct(50, 100, 100, 100), halfCards, 4500, 1000, 500},
+		// Three free cards hold six half-card requests. 16000 m reaches four
+		// of them (1000 per mille stranded), 12000 m three (1500).
+		{"CPU running short strands a share shape's GPU", usedPct(0, 0, 0, 100), halfCards, 16000, 4000, 500},
+		// 28000 m still reaches seven requests, more than the cards hold.
+		{"CPU to spare for every share", usedPct(0, 0, 0, 100), halfCards, 32000, 4000, 0},
+		// Whole-card requests keep the free-card measure: one more still
+		// fits after 8000 m is left.
+		{"whole-card shapes count free cards only", usedPct(0, 0, 0, 100), wholeCards, 12000, 4000, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			out := allocator.PlaceWithoutGPU(cards, used, allocator.Strategy{Workload: w, CPUFreeMilli: tc.cpuFree, CPUMilli: tc.take})
+			out := allocator.PlaceWithoutGPU(cards, tc.used, allocator.Strategy{Workload: tc.workload, CPUFreeMilli: tc.cpuFree, CPUMilli: tc.take})
 			if diff := cmp.Diff(tc.want, out.FragmentationDelta); diff != "" {
 				t.Errorf("fragmentation delta (-want,+got):\n%s", diff)
 			}
