@@ -229,14 +229,8 @@ const l4MiB = 23034
 // flavor's node, never on a node of another flavor with free cards, and no
 // card holds more than it has.
 func TestQuotaThenCards(t *testing.T) {
-	ns := newNamespace(t)
-	flavor, other := ns+"-l4", ns+"-other"
-	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, 1)
-	node(t, ns+"-b", map[string]string{flavorLabel: other}, 2)
-	startScheduler(t)
-	flavorOn(t, flavor)
-	clusterQueue(t, ns, ns, flavor, "", 16000, 100, nil)
-	localQueue(t, ns, "team", ns)
+	ns, flavor := teamOnL4(t, 1, 16000, 100)
+	node(t, ns+"-b", map[string]string{flavorLabel: ns + "-other"}, 2)
 
 	pods := controlPlane.Client.CoreV1().Pods(ns)
 	for _, name := range []string{"first", "second"} {
@@ -311,6 +305,22 @@ func flavorOn(t *testing.T, flavor string) {
 		"spec": map[string]any{"nodeLabels": map[string]any{flavorLabel: flavor}}})
 }
 
+// teamOnL4 is a namespace Kueue manages with a LocalQueue "team" whose
+// ClusterQueue has memoryMiB and cores of quota on a flavor of one node of
+// cards L4 cards; Tessera's scheduler runs. It returns the namespace and
+// the flavor (the node is <namespace>-a).
+func teamOnL4(t *testing.T, cards int, memoryMiB, cores int64) (string, string) {
+	t.Helper()
+	ns := newNamespace(t)
+	flavor := ns + "-l4"
+	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, cards)
+	startScheduler(t)
+	flavorOn(t, flavor)
+	clusterQueue(t, ns, ns, flavor, "", memoryMiB, cores, nil)
+	localQueue(t, ns, "team", ns)
+	return ns, flavor
+}
+
 // localQueue creates a LocalQueue of the namespace pointing at a
 // ClusterQueue.
 func localQueue(t *testing.T, ns, name, clusterQueue string) {
@@ -381,13 +391,7 @@ func TestBorrowThenReclaim(t *testing.T) {
 // pods does not fit a 20000 MiB quota: neither is admitted, though one
 // would fit. A group of two 8000 MiB pods fits: both are placed.
 func TestPodGroupWhole(t *testing.T) {
-	ns := newNamespace(t)
-	flavor := ns + "-l4"
-	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, 2)
-	startScheduler(t)
-	flavorOn(t, flavor)
-	clusterQueue(t, ns, ns, flavor, "", 20000, 200, nil)
-	localQueue(t, ns, "team", ns)
+	ns, _ := teamOnL4(t, 2, 20000, 200)
 	pods := controlPlane.Client.CoreV1().Pods(ns)
 	group := func(name string, memoryMiB int64) []string {
 		var names []string
@@ -483,13 +487,7 @@ func TestOverlayQueues(t *testing.T) {
 // card (20000 in all) is admitted and placed on two cards; a second one
 // waits, though its 10000 per card would fit the quota.
 func TestQuotaCountsTotal(t *testing.T) {
-	ns := newNamespace(t)
-	flavor := ns + "-l4"
-	node(t, ns+"-a", map[string]string{flavorLabel: flavor}, 4)
-	startScheduler(t)
-	flavorOn(t, flavor)
-	clusterQueue(t, ns, ns, flavor, "", 24000, 400, nil)
-	localQueue(t, ns, "team", ns)
+	ns, _ := teamOnL4(t, 4, 24000, 400)
 	pods := controlPlane.Client.CoreV1().Pods(ns)
 	for _, name := range []string{"first", "second"} {
 		if _, err := pods.Create(t.Context(), multiCardPod(ns, name, "team", 2, 10000, 30), metav1.CreateOptions{}); err != nil {
