@@ -2,8 +2,8 @@
 // kustomize manifests, so that the chart is never a second copy to keep in
 // step by hand: every object of the base becomes a template, each overlay's
 // changes become conditions on a value (dra, hamiNames, gangScheduling,
-// dynamicMIG), the
-// monitoring kustomization becomes monitoring.enabled, and the fields an
+// dynamicMIG), the monitoring kustomization becomes monitoring.enabled and
+// the Kueue overlay's example queues kueue.enabled, and the fields an
 // operator sets per install (namespace, images, replicas, profiles,
 // scheduling, resources) become values whose defaults are what the base
 // says. `make chart` runs it; the test module test/helm renders the result
@@ -37,10 +37,13 @@ var overlays = []overlay{
 	{dir: "overlays/dynamic-mig", cond: "$.Values.dynamicMIG.enabled"},
 }
 
-// The monitoring kustomization (Prometheus Operator objects, the dashboard).
+// The monitoring kustomization (Prometheus Operator objects, the dashboard),
+// and the Kueue overlay's example queues (the objects it adds to the base).
 const (
 	monitoringDir  = "monitoring"
 	monitoringCond = "$.Values.monitoring.enabled"
+	kueueDir       = "overlays/kueue"
+	kueueCond      = "$.Values.kueue.enabled"
 	namespaceCond  = "$.Values.namespace.create"
 )
 
@@ -155,6 +158,22 @@ func Generate(fsys fs.FS) (map[string][]byte, error) {
 			return nil, err
 		}
 	}
+	queues, err := install.RenderNodes(fsys, kueueDir)
+	if err != nil {
+		return nil, err
+	}
+	inBase := map[string]bool{}
+	for _, obj := range base {
+		inBase[objectID(obj)] = true
+	}
+	for _, obj := range queues {
+		if inBase[objectID(obj)] {
+			continue // the base, unchanged by the overlay
+		}
+		if err := add(obj, nil, kueueCond, nil); err != nil {
+			return nil, err
+		}
+	}
 
 	text := func(l string) string {
 		return strings.ReplaceAll(escapeBraces(l), manifests.Namespace, namespaceAction)
@@ -207,6 +226,9 @@ func objectID(obj *kyaml.RNode) string {
 // templateName is the template file an object is written to.
 func templateName(obj *kyaml.RNode) string {
 	name := strings.TrimSuffix(strings.TrimPrefix(objectID(obj), obj.GetKind()+"/"+obj.GetNamespace()+"/"), "-")
+	if ns := obj.GetNamespace(); ns != "" && ns != manifests.Namespace {
+		name = ns + "-" + name // objects of the same name in other namespaces (the teams' LocalQueues)
+	}
 	return strings.ToLower(obj.GetKind()) + "-" + name + ".yaml"
 }
 

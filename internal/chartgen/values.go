@@ -228,6 +228,11 @@ dynamicMIG:
 # (the Prometheus Operator's CRDs must be installed).
 monitoring:
   enabled: false
+# manifests/overlays/kueue: example Kueue queues — a ResourceFlavor per GPU
+# model, two teams' ClusterQueues in a cohort, LocalQueues in team-a and
+# team-b (docs/queues.md). Kueue must be installed, and the namespaces exist.
+kueue:
+  enabled: false
 `
 
 const helpersTPL = generatedHeader + `{{/* An image reference: root is the top-level context, image a component's image values. */}}
@@ -331,6 +336,7 @@ func valuesSchema(profiles []string) map[string]any {
 			"gangScheduling": toggle,
 			"dynamicMIG":     toggle,
 			"monitoring":     toggle,
+			"kueue":          toggle,
 		},
 		"additionalProperties": false,
 	}

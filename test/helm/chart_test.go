@@ -25,6 +25,7 @@ func TestChartMatchesKustomize(t *testing.T) {
 		{name: "gangScheduling", values: map[string]any{"gangScheduling": on}, kustomize: []string{"overlays/gang-scheduling"}},
 		{name: "dynamicMIG", values: map[string]any{"dynamicMIG": on}, kustomize: []string{"overlays/dynamic-mig"}},
 		{name: "monitoring", values: map[string]any{"monitoring": on}, kustomize: []string{".", "monitoring"}},
+		{name: "kueue", values: map[string]any{"kueue": on}, kustomize: []string{"overlays/kueue"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
