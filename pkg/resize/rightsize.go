@@ -22,7 +22,6 @@ import (
 
 	"github.com/tessera-gpu/tessera/pkg/apis/resize/v1alpha1"
 	"github.com/tessera-gpu/tessera/pkg/gpuinfo"
-	"github.com/tessera-gpu/tessera/pkg/ledger"
 )
 
 // Automatic right-sizing (opt-in per pod, gpuinfo.RightSizeAnnotation):
@@ -206,10 +205,11 @@ func (c *Controller) rightSizeContainer(ctx context.Context, node string, use gp
 	if err != nil || slices.ContainsFunc(entries, func(e gpuinfo.CardAssignment) bool { return e.MIG != nil || e.Cores >= gpuinfo.FullCores }) {
 		return nil
 	}
-	request, err := c.requestMiB(pod, use.Container, entries)
+	_, limits, err := c.requested(pod, use.Container, entries)
 	if err != nil {
 		return err
 	}
+	request := slices.Min(limits) // the least, for a request in percent of cards of different sizes
 	last := c.lastResize(pod, use.Container)
 	if last.open {
 		return nil
@@ -268,31 +268,6 @@ func decide(share, request int64, use gpuinfo.ContainerUse, quiet time.Duration)
 		return "", 0
 	}
 	return actionShrink, target
-}
-
-// requestMiB is the memory the container asks for on each of its cards (the
-// least over them, for a request in percent of cards of different sizes).
-func (c *Controller) requestMiB(pod *v1.Pod, container string, entries []gpuinfo.CardAssignment) (int64, error) {
-	req, err := gpuinfo.ParsePodRequest(pod, c.Names)
-	if err != nil || req == nil {
-		return 0, fmt.Errorf("pod %s asks for no GPU share: %v", pod.Name, err)
-	}
-	i := slices.IndexFunc(req.Containers, func(cr gpuinfo.ContainerRequest) bool { return cr.Name == container })
-	if i < 0 {
-		return 0, fmt.Errorf("container %q asks for no GPU share", container)
-	}
-	cards := c.Ledger.NodeCards(pod.Spec.NodeName)
-	request := int64(-1)
-	for _, e := range entries {
-		k := slices.IndexFunc(cards, func(cu ledger.CardUsage) bool { return cu.Index == e.Index && cu.Slice == nil })
-		if k < 0 {
-			return 0, fmt.Errorf("card %d of node %s is not in the ledger", e.Index, pod.Spec.NodeName)
-		}
-		if limit := req.Containers[i].MemoryOn(cards[k].Capacity.MemoryMiB); request < 0 || limit < request {
-			request = limit
-		}
-	}
-	return request, nil
 }
 
 // history is what the resizes of a container say for right-sizing.

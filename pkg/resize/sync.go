@@ -109,22 +109,16 @@ func (c *Controller) takeUp(ctx context.Context, r *v1alpha1.GPUShareResize, pod
 	if other := c.inProgress(r); other != "" {
 		return c.refuse(ctx, r, pod, ReasonAnotherResize, "resize %s of container %q is in progress; ask again once it is decided", other, r.Spec.Container)
 	}
-	req, err := gpuinfo.ParsePodRequest(pod, c.Names)
-	if err != nil || req == nil {
-		return c.refuse(ctx, r, pod, ReasonNoShare, "pod %s asks for no GPU share the resize could change: %v", pod.Name, err)
+	asked, limits, err := c.requested(pod, r.Spec.Container, entries)
+	var noShare noShareError
+	switch {
+	case errors.As(err, &noShare):
+		return c.refuse(ctx, r, pod, ReasonNoShare, "%v", err)
+	case err != nil:
+		return 0, err
 	}
-	i := slices.IndexFunc(req.Containers, func(cr gpuinfo.ContainerRequest) bool { return cr.Name == r.Spec.Container })
-	if i < 0 {
-		return c.refuse(ctx, r, pod, ReasonNoShare, "container %q asks for no GPU share", r.Spec.Container)
-	}
-	asked := req.Containers[i]
-	cards := c.Ledger.NodeCards(pod.Spec.NodeName)
 	from, to := shares(entries), shares(entries)
 	for k, e := range entries {
-		card := slices.IndexFunc(cards, func(cu ledger.CardUsage) bool { return cu.Index == e.Index && cu.Slice == nil })
-		if card < 0 {
-			return 0, fmt.Errorf("card %d of node %s is not in the ledger", e.Index, pod.Spec.NodeName)
-		}
 		if r.Spec.Memory != nil {
 			to[k].MemoryMiB = r.Spec.Memory.Value() >> 20
 		}
@@ -134,7 +128,7 @@ func (c *Controller) takeUp(ctx context.Context, r *v1alpha1.GPUShareResize, pod
 		if to[k].MemoryMiB < 1 {
 			return c.refuse(ctx, r, pod, ReasonInvalidShare, "memory %s is less than 1 MiB", r.Spec.Memory)
 		}
-		if limit := asked.MemoryOn(cards[card].Capacity.MemoryMiB); to[k].MemoryMiB > limit || to[k].Cores > asked.Cores {
+		if limit := limits[k]; to[k].MemoryMiB > limit || to[k].Cores > asked.Cores {
 			return c.refuse(ctx, r, pod, ReasonBeyondRequest,
 				"container %q asks for %d MiB and %d%% compute of card %d, which ResourceQuota and Kueue count; a share beyond the request is not given (run a pod that asks for more)",
 				r.Spec.Container, limit, asked.Cores, e.Index)
@@ -258,6 +252,35 @@ func (c *Controller) agentDeadline(r *v1alpha1.GPUShareResize) time.Duration {
 		return c.AgentTimeout
 	}
 	return max(pending.LastTransitionTime.Add(c.AgentTimeout).Sub(c.now()), time.Second)
+}
+
+// noShareError says the pod's spec asks for no GPU share of the container.
+type noShareError struct{ msg string }
+
+func (e noShareError) Error() string { return e.msg }
+
+// requested is what the container asks for in the pod's spec, and its
+// memory limit on each of its cards (entries), by the ledger's card sizes.
+// A noShareError says the spec asks for no share.
+func (c *Controller) requested(pod *v1.Pod, container string, entries []gpuinfo.CardAssignment) (gpuinfo.ContainerRequest, []int64, error) {
+	req, err := gpuinfo.ParsePodRequest(pod, c.Names)
+	if err != nil || req == nil {
+		return gpuinfo.ContainerRequest{}, nil, noShareError{fmt.Sprintf("pod %s asks for no GPU share the resize could change: %v", pod.Name, err)}
+	}
+	i := slices.IndexFunc(req.Containers, func(cr gpuinfo.ContainerRequest) bool { return cr.Name == container })
+	if i < 0 {
+		return gpuinfo.ContainerRequest{}, nil, noShareError{fmt.Sprintf("container %q asks for no GPU share", container)}
+	}
+	cards := c.Ledger.NodeCards(pod.Spec.NodeName)
+	limits := make([]int64, len(entries))
+	for k, e := range entries {
+		card := slices.IndexFunc(cards, func(cu ledger.CardUsage) bool { return cu.Index == e.Index && cu.Slice == nil })
+		if card < 0 {
+			return gpuinfo.ContainerRequest{}, nil, fmt.Errorf("card %d of node %s is not in the ledger", e.Index, pod.Spec.NodeName)
+		}
+		limits[k] = req.Containers[i].MemoryOn(cards[card].Capacity.MemoryMiB)
+	}
+	return req.Containers[i], limits, nil
 }
 
 // containerShares decodes the pod's assignment and the container's cards
