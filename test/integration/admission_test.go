@@ -713,7 +713,8 @@ func TestSchedulerNamePolicy(t *testing.T) {
 // (the MutatingAdmissionPolicy tessera-gpu-memory-total), whatever total
 // its author wrote; a container asking in percent of a card gets none. A
 // ResourceQuota on the total then refuses a 4-card pod that the per-card
-// figure would let through.
+// figure would let through, and — forbidding memory in percent — one asking
+// in percent, which would escape the total.
 func TestGPUMemoryTotalPolicy(t *testing.T) {
 	e := newEnv(t)
 	ns := e.editableNamespaces("-quota", nil, "alice")
@@ -786,7 +787,10 @@ func TestGPUMemoryTotalPolicy(t *testing.T) {
 
 	// A quota of 30000 MiB in total: the 4-card pod (10000 MiB per card,
 	// 40000 in all) is refused; a 2-card one (20000) is not.
-	hard := v1.ResourceList{v1.ResourceName("requests." + total): resource.MustParse("30000")}
+	// Memory in percent of a card has no total: the quota forbids it
+	// (hard 0), or a tenant would ask 4 cards × 100 % past it.
+	hard := v1.ResourceList{v1.ResourceName("requests." + total): resource.MustParse("30000"),
+		"requests.tessera.io/gpu-memory-percent": resource.MustParse("0")}
 	quota, err := e.client.CoreV1().ResourceQuotas(ns.Name).Create(e.tCtx, &v1.ResourceQuota{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu-memory"}, Spec: v1.ResourceQuotaSpec{Hard: hard},
 	}, metav1.CreateOptions{})
@@ -795,7 +799,8 @@ func TestGPUMemoryTotalPolicy(t *testing.T) {
 	}
 	// The quota controller's first sync (no controller manager runs here):
 	// the API server's quota admission enforces a quota once it has a status.
-	quota.Status = v1.ResourceQuotaStatus{Hard: hard, Used: v1.ResourceList{v1.ResourceName("requests." + total): resource.MustParse("0")}}
+	quota.Status = v1.ResourceQuotaStatus{Hard: hard, Used: v1.ResourceList{v1.ResourceName("requests." + total): resource.MustParse("0"),
+		"requests.tessera.io/gpu-memory-percent": resource.MustParse("0")}}
 	if _, err := e.client.CoreV1().ResourceQuotas(ns.Name).UpdateStatus(e.tCtx, quota, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -811,5 +816,9 @@ func TestGPUMemoryTotalPolicy(t *testing.T) {
 	})
 	if _, err := create(pod(container("train", map[string]int64{"tessera.io/gpu": 2, "tessera.io/gpu-memory": 10000})), false); err != nil {
 		t.Errorf("a 2-card pod within the quota: %v", err)
+	}
+	percent := container("train", map[string]int64{"tessera.io/gpu": 4, "tessera.io/gpu-memory-percent": 100})
+	if _, err := create(pod(percent), true); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "exceeded quota") {
+		t.Errorf("a 4-card pod asking memory in percent, past the quota on the total: %v, want refused by the quota", err)
 	}
 }
